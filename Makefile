@@ -1,0 +1,37 @@
+# Two entry points: `make conformance` (the main job) and `make test` (the full suite).
+# Each sets up .venv/ by itself; the stamp makes the second run instant.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: install test conformance fuzz mutants record bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[vllm]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+conformance: $(STAMP)
+	$(PY) -m harness conformance
+
+fuzz: $(STAMP)
+	$(PY) -m harness fuzz --examples 2000
+
+mutants: $(STAMP)
+	$(PY) -m harness mutants
+
+record: $(STAMP)
+	$(PY) -m harness record fixtures/streams -o fixtures/traces/vllm-0.11.0/
+
+bench: $(STAMP)
+	$(PY) -m harness bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

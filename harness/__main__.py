@@ -1,0 +1,4 @@
+from harness.cli import main
+import sys
+
+sys.exit(main())

@@ -1,0 +1,272 @@
+"""The real vLLM 0.11.0 engine, instrumented.  All of vLLM's internals live here.
+
+An upgrade to another vLLM version should touch this file only: it builds
+vLLM's config and ``Scheduler`` offline from ``fixtures/models/<model>``,
+creates ``Request`` objects, turns ``SchedulerOutput`` into the engine-neutral
+:class:`~harness.engines.base.Scheduled`, and installs the hooks that see
+what ``SchedulerOutput`` does not carry:
+
+* preemptions, in order: ``KVCacheManager.free`` called inside ``schedule()``
+  (during ``schedule()`` vLLM frees pages only to preempt);
+* prefix hits: the result of ``KVCacheManager.get_computed_blocks``;
+* evictions: ``BlockPool._maybe_evict_cached_block`` returning True.
+
+The worker's view of the KV slots is computed with vLLM's own
+``vllm.v1.worker.block_table.BlockTable`` on the CPU.
+
+Speculative decoding: vLLM's ``SpeculativeConfig`` wants a draft model, but the
+scheduler reads only ``num_speculative_tokens`` and ``use_eagle()``; a small
+stand-in object with exactly those two members takes its place.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+
+import warnings  # noqa: E402
+
+warnings.filterwarnings("ignore")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import vllm  # noqa: E402
+from vllm.config import (CacheConfig, DeviceConfig, ModelConfig,  # noqa: E402
+                         SchedulerConfig, VllmConfig)
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.utils import get_hash_fn_by_name  # noqa: E402
+from vllm.v1.core.kv_cache_utils import (get_request_block_hasher,  # noqa: E402
+                                         init_none_hash)
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.kv_cache_interface import (FullAttentionSpec,  # noqa: E402
+                                        KVCacheConfig, KVCacheGroupSpec)
+from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request, RequestStatus  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+from vllm.v1.worker.block_table import BlockTable  # noqa: E402
+
+from harness.engines.base import RequestState, Scheduled  # noqa: E402
+from harness.stream import MODELS_DIR, Config, RequestSpec, Stream  # noqa: E402
+from harness.trace import slot_ranges  # noqa: E402
+
+VLLM_VERSION = vllm.__version__
+
+_MODEL_CONFIGS: dict[str, ModelConfig] = {}
+
+
+class SpeculativeStandIn:
+    """Stands in for vLLM's SpeculativeConfig: the scheduler reads only these."""
+
+    def __init__(self, num_speculative_tokens: int, method: str):
+        self.num_speculative_tokens = num_speculative_tokens
+        self.method = method
+
+    def use_eagle(self) -> bool:
+        return self.method == "eagle"
+
+
+def model_config(name: str) -> ModelConfig:
+    """vLLM's ModelConfig for a bundled config.json, built once per process, offline."""
+    if name not in _MODEL_CONFIGS:
+        _MODEL_CONFIGS[name] = ModelConfig(
+            model=str(MODELS_DIR / name), skip_tokenizer_init=True, seed=0)
+    return _MODEL_CONFIGS[name]
+
+
+def build_scheduler(c: Config) -> Scheduler:
+    mc = model_config(c.model)
+    sc = SchedulerConfig(
+        max_num_seqs=c.max_num_seqs,
+        max_num_batched_tokens=c.max_num_batched_tokens,
+        max_model_len=c.max_model_len,
+        enable_chunked_prefill=c.enable_chunked_prefill,
+        long_prefill_token_threshold=c.long_prefill_token_threshold,
+        policy=c.policy,
+    )
+    cc = CacheConfig(block_size=c.block_size, enable_prefix_caching=c.enable_prefix_caching,
+                     swap_space=0)
+    cc.num_gpu_blocks = c.num_gpu_blocks
+    vc = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc,
+                    device_config=DeviceConfig("cpu"))
+    if c.num_speculative_tokens > 0:
+        object.__setattr__(vc, "speculative_config",
+                           SpeculativeStandIn(c.num_speculative_tokens, c.speculative_method))
+    effective = (vc.scheduler_config.max_num_batched_tokens, vc.cache_config.block_size,
+                 vc.scheduler_config.chunked_prefill_enabled, vc.scheduler_config.max_model_len)
+    wanted = (c.max_num_batched_tokens, c.block_size, c.enable_chunked_prefill, c.max_model_len)
+    if effective != wanted:
+        raise RuntimeError(f"vLLM changed the config: wanted {wanted}, got {effective}")
+    hf = mc.hf_config
+    head_size = hf.hidden_size // hf.num_attention_heads
+    spec = FullAttentionSpec(block_size=c.block_size, num_kv_heads=hf.num_key_value_heads,
+                             head_size=head_size, dtype=torch.bfloat16)
+    kv_config = KVCacheConfig(
+        num_blocks=c.num_gpu_blocks, kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec([f"layers.{i}" for i in range(hf.num_hidden_layers)], spec)])
+    return Scheduler(vllm_config=vc, kv_cache_config=kv_config,
+                     structured_output_manager=StructuredOutputManager(vc), log_stats=False)
+
+
+class VllmEngine:
+    """vLLM 0.11.0's real Scheduler, KVCacheManager and BlockPool."""
+
+    name = "vllm"
+
+    def version(self) -> str:
+        return VLLM_VERSION
+
+    def start(self, stream: Stream) -> None:
+        c = stream.config
+        self.config = c
+        self.sched = build_scheduler(c)
+        self.hasher = None
+        if c.enable_prefix_caching:
+            hash_fn = get_hash_fn_by_name(self.sched.cache_config.prefix_caching_hash_algo)
+            init_none_hash(hash_fn)
+            self.hasher = get_request_block_hasher(c.block_size, hash_fn)
+        self.requests: dict[str, Request] = {}
+        self.rows: dict[str, int] = {}
+        self.block_table = BlockTable(
+            block_size=c.block_size, max_num_reqs=len(stream.requests),
+            max_num_blocks_per_req=-(-c.max_model_len // c.block_size),
+            max_num_batched_tokens=c.max_num_batched_tokens,
+            pin_memory=False, device=torch.device("cpu"))
+        self._install_hooks()
+
+    # -- hooks -------------------------------------------------------------
+
+    def _install_hooks(self) -> None:
+        kvm = self.sched.kv_cache_manager
+        pool = kvm.block_pool
+        self._in_schedule = False
+        self._preempted: list[str] = []
+        self._hits: dict[str, int] = {}
+        self._evicted: list[int] = []
+
+        real_free = kvm.free
+        real_lookup = kvm.get_computed_blocks
+        real_evict = pool._maybe_evict_cached_block
+
+        def free(request):
+            if self._in_schedule:
+                self._preempted.append(request.request_id)
+            return real_free(request)
+
+        def get_computed_blocks(request):
+            blocks, n = real_lookup(request)
+            self._hits[request.request_id] = n
+            return blocks, n
+
+        def maybe_evict(block):
+            evicted = real_evict(block)
+            if evicted:
+                self._evicted.append(block.block_id)
+            return evicted
+
+        kvm.free = free
+        kvm.get_computed_blocks = get_computed_blocks
+        pool._maybe_evict_cached_block = maybe_evict
+
+    # -- the engine interface ---------------------------------------------------
+
+    def reset_prefix_cache(self) -> bool:
+        return bool(self.sched.reset_prefix_cache())
+
+    def abort(self, req_id: str) -> None:
+        self.sched.finish_requests(req_id, RequestStatus.FINISHED_ABORTED)
+
+    def add(self, spec: RequestSpec, arrival_index: int) -> None:
+        params = SamplingParams(
+            max_tokens=spec.effective_max_tokens, ignore_eos=spec.ignore_eos,
+            stop_token_ids=list(spec.stop_token_ids), prompt_logprobs=spec.prompt_logprobs)
+        req = Request(
+            request_id=spec.id, prompt_token_ids=list(spec.prompt), sampling_params=params,
+            pooling_params=None, eos_token_id=spec.eos_token_id,
+            arrival_time=float(arrival_index), cache_salt=spec.cache_salt,
+            priority=spec.priority, block_hasher=self.hasher)
+        self.requests[spec.id] = req
+        self.rows[spec.id] = arrival_index
+        self.sched.add_request(req)
+
+    def num_unfinished(self) -> int:
+        return self.sched.get_num_unfinished_requests()
+
+    def schedule(self) -> Scheduled:
+        before = {rid: r.num_computed_tokens for rid, r in self.sched.requests.items()}
+        self._preempted, self._hits, self._evicted = [], {}, []
+        self._in_schedule = True
+        try:
+            out = self.sched.schedule()
+        finally:
+            self._in_schedule = False
+        self._last_output = out
+
+        computed_before = dict(before)
+        new_block_ids: dict[str, list[list[int]]] = {}
+        admitted: list[str] = []
+        for data in out.scheduled_new_reqs:
+            new_block_ids[data.req_id] = [list(g) for g in data.block_ids]
+            computed_before[data.req_id] = data.num_computed_tokens
+            admitted.append(data.req_id)
+            self.block_table.add_row(list(data.block_ids[0]), self.rows[data.req_id])
+        cached = out.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            computed_before[rid] = cached.num_computed_tokens[i]
+            ids = cached.new_block_ids[i]
+            if ids is not None:
+                new_block_ids[rid] = [list(g) for g in ids]
+            if cached.resumed_from_preemption[i]:
+                admitted.append(rid)
+                self.block_table.add_row(list(ids[0]) if ids else [], self.rows[rid])
+            elif ids is not None:
+                self.block_table.append_row(list(ids[0]), self.rows[rid])
+
+        scheduled = list(out.num_scheduled_tokens.items())
+        slots = {}
+        for rid, n in scheduled:
+            start = computed_before[rid]
+            positions = np.arange(start, start + n, dtype=np.int64)
+            rows = np.full(n, self.rows[rid], dtype=np.int64)
+            self.block_table.compute_slot_mapping(rows, positions)
+            slots[rid] = slot_ranges(self.block_table.slot_mapping.np[:n].tolist())
+
+        reqs = self.requests
+        return Scheduled(
+            scheduled=scheduled,
+            new_block_ids=new_block_ids,
+            preempted=list(self._preempted),
+            finished=sorted(out.finished_req_ids),
+            prefix_hit_tokens={rid: self._hits[rid] for rid in admitted if rid in self._hits},
+            spec_tokens={rid: list(t) for rid, t in out.scheduled_spec_decode_tokens.items()},
+            computed_before={rid: computed_before[rid] for rid, _ in scheduled},
+            num_tokens={rid: reqs[rid].num_tokens for rid, _ in scheduled},
+            num_outputs={rid: reqs[rid].num_output_tokens for rid, _ in scheduled},
+            evicted=list(self._evicted),
+            slots=slots,
+        )
+
+    def update(self, scheduled: Scheduled, sampled: dict[str, list[int]]) -> None:
+        ids = [rid for rid, _ in scheduled.scheduled]
+        output = ModelRunnerOutput(
+            req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)},
+            sampled_token_ids=[list(sampled.get(rid, [])) for rid in ids],
+            logprobs=None, prompt_logprobs_dict={}, pooler_output=[])
+        self.sched.update_from_output(self._last_output, output)
+
+    def set_drafts(self, drafts: dict[str, list[int]]) -> None:
+        ids = list(drafts)
+        self.sched.update_draft_token_ids(
+            DraftTokenIds(req_ids=ids, draft_token_ids=[list(drafts[r]) for r in ids]))
+
+    def state(self, req_id: str) -> RequestState:
+        r = self.requests[req_id]
+        return RequestState(status=r.status.name, num_computed_tokens=r.num_computed_tokens,
+                            num_output_tokens=r.num_output_tokens)
+
+    def num_free_blocks(self) -> int:
+        return self.sched.kv_cache_manager.block_pool.get_num_free_blocks()

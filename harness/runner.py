@@ -1,0 +1,88 @@
+"""The step loop: drives one engine through one stream and records its trace.
+
+At step k: (0) reset the prefix cache if k is listed; (1) abort the requests
+whose ``abort_step == k``; (2) add the requests whose ``arrival_step == k``;
+(3) stop if nothing is unfinished and no arrival is pending, else schedule;
+(4) the scripted model emits; (5) ``update_from_output``; (6) with speculative
+decoding on, every request that emitted gets its next draft list.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections import defaultdict
+
+from harness import model
+from harness.engines.base import Engine, EngineFailure
+from harness.stream import Stream
+from harness.trace import Trace, step_record
+
+
+def run(engine: Engine, stream: Stream) -> Trace:
+    """Run ``stream`` through ``engine``; engine exceptions end the trace with a failure."""
+    trace = Trace(engine=engine.name, vllm_version=engine.version(), stream=stream)
+    step = 0
+    try:
+        engine.start(stream)
+        _loop(engine, stream, trace)
+    except EngineFailure as exc:
+        trace.fail(exc.step, exc.message)
+    except Exception as exc:  # an assertion or error inside the engine
+        step = len(trace.steps)
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        trace.fail(step, f"{type(exc).__name__}: {exc} ({where.filename.rsplit('/', 1)[-1]}:{where.lineno})")
+    return trace
+
+
+def _loop(engine: Engine, stream: Stream, trace: Trace) -> None:
+    by_id = {r.id: r for r in stream.requests}
+    arrivals: dict[int, list] = defaultdict(list)
+    aborts: dict[int, list] = defaultdict(list)
+    for index, r in enumerate(stream.requests):
+        arrivals[r.arrival_step].append((index, r))
+        if r.abort_step is not None:
+            aborts[r.abort_step].append(r)
+    last_arrival = max(arrivals)
+    resets = set(stream.reset_prefix_cache_steps)
+    drafts_left = {r.id: list(r.drafts) for r in stream.requests}
+    arrived: list[str] = []
+    reported_finished: set[str] = set()
+
+    step = 0
+    while True:
+        reset = engine.reset_prefix_cache() if step in resets else None
+        for r in aborts.get(step, ()):
+            engine.abort(r.id)
+        for index, r in arrivals.get(step, ()):
+            engine.add(r, index)
+            arrived.append(r.id)
+        if engine.num_unfinished() == 0 and step >= last_arrival:
+            trace.complete()
+            return
+        if step >= stream.config.max_steps:
+            trace.fail(step, f"max_steps ({stream.config.max_steps}) reached with "
+                             f"{engine.num_unfinished()} request(s) unfinished", verdict="max_steps")
+            return
+
+        scheduled = engine.schedule()
+        emitted = model.sample(scheduled, by_id)
+        engine.update(scheduled, emitted)
+        if stream.speculative:
+            drafts = {}
+            for req_id in emitted:
+                queue = drafts_left[req_id]
+                drafts[req_id] = queue.pop(0) if queue else []
+            if drafts:
+                engine.set_drafts({k: list(v) for k, v in drafts.items()})
+
+        states = {}
+        for req_id in arrived:
+            if req_id in reported_finished:
+                continue
+            st = engine.state(req_id)
+            states[req_id] = st
+            if st.status.startswith("FINISHED"):
+                reported_finished.add(req_id)
+        trace.steps.append(step_record(step, scheduled, emitted, states,
+                                       engine.num_free_blocks(), reset))
+        step += 1

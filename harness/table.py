@@ -1,0 +1,68 @@
+"""The per-step table, in the form of the project's seed example.
+
+One row per scheduled request per step: the tokens it computes, the KV bytes
+written before the step, the tokens computed now, the KV bytes after, the
+pages it holds and their ids, and the preemptions of the step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.stream import MODELS_DIR
+from reference.kv_sizing import ModelShape
+
+
+def _kb(n_bytes: int) -> str:
+    return f"{n_bytes / 1024:g} KB"
+
+
+def _tokens(ids: list[int]) -> str:
+    if len(ids) <= 6:
+        return " ".join(f"t{t}" for t in ids)
+    return f"t{ids[0]} t{ids[1]} .. t{ids[-1]} ({len(ids)})"
+
+
+def render(trace: dict[str, Any]) -> str:
+    stream = trace["stream"]
+    config = stream["config"]
+    shape = ModelShape.load(MODELS_DIR / config["model"])
+    per_token = shape.bytes_per_token
+    page = shape.page_size_bytes(config["block_size"]) * shape.num_layers
+    prompts = {r["id"]: list(r["prompt"]) for r in stream["requests"]}
+    outputs: dict[str, list[int]] = {rid: [] for rid in prompts}
+    tables: dict[str, list[int]] = {rid: [] for rid in prompts}
+
+    header = (f"{trace['engine']} (vLLM {trace['vllm_version']}), model {config['model']}: "
+              f"{_kb(per_token)} per token, {_kb(page)} per {config['block_size']}-token page")
+    rows = [("step", "req", "tokens", "KV before", "computed", "KV after", "pages", "page ids",
+             "preempted")]
+    for step in trace["steps"]:
+        admitted = set(step["prefix_hit_tokens"])
+        for rid in step["preempted"]:
+            tables[rid] = []
+        for rid, groups in step["new_block_ids"].items():
+            if rid in admitted:
+                tables[rid] = []
+            tables[rid] += groups[0]
+        first = True
+        for rid, n in step["scheduled"]:
+            before = step["computed_before"][rid]
+            seq = prompts[rid] + outputs[rid]
+            rows.append((
+                str(step["step"]) if first else "", rid, _tokens(seq[before:before + n]),
+                _kb(before * per_token), str(n), _kb((before + n) * per_token),
+                str(len(tables[rid])), str(tables[rid]),
+                ",".join(step["preempted"]) if first else ""))
+            first = False
+        if not step["scheduled"]:
+            rows.append((str(step["step"]), "-", "(nothing scheduled)", "", "0", "", "", "",
+                         ",".join(step["preempted"])))
+        for rid, toks in step["emitted"].items():
+            outputs[rid] += toks
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [header] + ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.append(f"verdict: {trace['verdict']}" + (f" ({trace['failure']['message']})"
+                                                    if trace.get("failure") else ""))
+    return "\n".join(lines)
+

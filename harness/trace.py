@@ -1,0 +1,95 @@
+"""Traces: what an engine decided at every step, as canonical JSON.
+
+The format is documented in ``docs/trace-format.md``.  A trace is
+deterministic: the same stream gives the same bytes in every run and process
+(keys sorted, no timestamps, no hash values).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.engines.base import RequestState, Scheduled
+from harness.stream import Stream, canonical_json
+
+COMPLETED = "completed"
+MAX_STEPS = "max_steps"
+ENGINE_FAILURE = "engine_failure"
+
+# Fields of a step record that are compared between engines, in report order.
+STEP_FIELDS = (
+    "scheduled", "computed_before", "new_block_ids", "preempted", "finished", "prefix_hit_tokens",
+    "spec_tokens", "emitted", "num_computed_tokens", "status", "free_blocks",
+    "evicted", "slots", "prefix_cache_reset",
+)
+
+
+@dataclass
+class Trace:
+    engine: str
+    vllm_version: str
+    stream: Stream
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    verdict: str = ""
+    failure: dict[str, Any] | None = None
+
+    def complete(self) -> None:
+        self.verdict = COMPLETED
+
+    def fail(self, step: int, message: str, verdict: str = ENGINE_FAILURE) -> None:
+        self.verdict = verdict
+        self.failure = {"step": step, "message": message}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "engine": self.engine,
+            "vllm_version": self.vllm_version,
+            "stream": self.stream.to_json(),
+            "stream_sha256": self.stream.sha256(),
+            "verdict": self.verdict,
+            "failure": self.failure,
+            "steps": self.steps,
+        }
+
+    def dumps(self) -> str:
+        return canonical_json(self.to_json())
+
+
+def step_record(step: int, s: Scheduled, emitted: dict[str, list[int]],
+                states: dict[str, RequestState], free_blocks: int,
+                prefix_cache_reset: bool | None) -> dict[str, Any]:
+    """One step of a trace, as plain JSON-able data."""
+    return {
+        "step": step,
+        "scheduled": [[rid, n] for rid, n in s.scheduled],
+        "computed_before": dict(s.computed_before),
+        "new_block_ids": {rid: [list(g) for g in groups] for rid, groups in s.new_block_ids.items()},
+        "preempted": list(s.preempted),
+        "finished": sorted(s.finished),
+        "prefix_hit_tokens": dict(s.prefix_hit_tokens),
+        "spec_tokens": {rid: list(t) for rid, t in s.spec_tokens.items()},
+        "emitted": {rid: list(t) for rid, t in emitted.items()},
+        "num_computed_tokens": {rid: st.num_computed_tokens for rid, st in states.items()},
+        "status": {rid: st.status for rid, st in states.items()},
+        "free_blocks": free_blocks,
+        "evicted": list(s.evicted),
+        "slots": {rid: [list(r) for r in ranges] for rid, ranges in s.slots.items()},
+        "prefix_cache_reset": prefix_cache_reset,
+    }
+
+
+def slot_ranges(slots: list[int]) -> list[list[int]]:
+    """Compress slot ids into [start, end) runs of consecutive slots."""
+    ranges: list[list[int]] = []
+    for slot in slots:
+        if ranges and ranges[-1][1] == slot:
+            ranges[-1][1] = slot + 1
+        else:
+            ranges.append([slot, slot + 1])
+    return ranges
+
+
+def load_trace_json(text: str) -> dict[str, Any]:
+    return json.loads(text)
