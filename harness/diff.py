@@ -47,10 +47,15 @@ def first_divergence(a: dict[str, Any], b: dict[str, Any]) -> Divergence | None:
         step = min(na, nb)
         return Divergence(step, "steps", f"{na} steps ({a['verdict']})",
                           f"{nb} steps ({b['verdict']})", "one run ended earlier", ea, eb)
-    if (a["verdict"], a["failure"]) != (b["verdict"], b["failure"]):
+    # Failure messages are engine-specific; the verdict and the failing step are not.
+    if (a["verdict"], _failure_step(a)) != (b["verdict"], _failure_step(b)):
         return Divergence(None, "verdict", [a["verdict"], a["failure"]],
                           [b["verdict"], b["failure"]], "the runs ended differently", ea, eb)
     return None
+
+
+def _failure_step(t: dict[str, Any]) -> int | None:
+    return t["failure"]["step"] if t.get("failure") else None
 
 
 def _describe(dd: DeepDiff) -> str:

@@ -25,6 +25,15 @@ MODELS_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "models"
 class StreamError(ValueError):
     """A stream or config that breaks a rule; the message is one line."""
 
+    def __init__(self, message: str):
+        super().__init__(_one_line(str(message)))
+
+
+def _one_line(text: str) -> str:
+    """Escape line breaks and other control characters (e.g. inside an id)."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii")
+                   for ch in text)
+
 
 @dataclass(frozen=True)
 class Config:
@@ -142,13 +151,17 @@ def load_stream(path: str | Path) -> Stream:
     """Read and validate a stream file; raises StreamError with one line."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise StreamError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise StreamError(f"{path}: not valid JSON: not UTF-8 text (byte {exc.start})") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise StreamError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno}") from None
+    except RecursionError:
+        raise StreamError(f"{path}: not valid JSON: nested too deeply") from None
     try:
         return parse_stream(data, default_name=path.stem)
     except StreamError as exc:
@@ -187,7 +200,7 @@ def _is_int(v: Any) -> bool:
 
 def _expect_str(d: dict, key: str, where: str, default: Any) -> Any:
     v = d.get(key, default)
-    if v is not None and not isinstance(v, str):
+    if not isinstance(v, str):
         raise StreamError(f"{where}: must be a string")
     return v
 
@@ -224,7 +237,8 @@ def _check_config(c: Config) -> None:
         raise StreamError('config.policy: must be "fcfs" or "priority"')
     if c.speculative_method not in ("ngram", "eagle"):
         raise StreamError('config.speculative_method: must be "ngram" or "eagle"')
-    if not (MODELS_DIR / c.model / "config.json").is_file():
+    if (not c.model or "/" in c.model or "\\" in c.model or c.model.startswith(".")
+            or not (MODELS_DIR / c.model / "config.json").is_file()):
         raise StreamError(f"config.model: no model config at fixtures/models/{c.model}/config.json")
     # The rules below are the ones vLLM 0.11.0 itself enforces at start-up.
     if c.max_num_batched_tokens < c.max_num_seqs:

@@ -1,0 +1,19 @@
+"""A clean-room reference of vLLM 0.11.0's v1 scheduler and KV cache manager.
+
+Pure standard library.  Each module mirrors one part of vLLM 0.11.0 and says
+which; read the two side by side.
+
+What it models: one full-attention KV cache group; chunked prefill (on and
+off); prefix caching with chained block hashes and ``cache_salt``; fcfs and
+priority policies with preemption by recomputation; speculative decoding
+(ngram without lookahead, eagle with lookahead and the dropped last hit);
+stops by ``max_tokens``, ``max_model_len``, EOS and stop tokens; aborts;
+``reset_prefix_cache``; the worker's slot mapping.
+
+What it leaves out, because the harness never turns it on: encoders and
+multimodal inputs, encoder-decoder models, LoRA, KV connectors (P/D
+disaggregation, offloading), structured output, pooling models, async
+scheduling and output placeholders, pipeline and decode-context parallelism,
+hybrid models with several KV cache groups (sliding window, mamba), KV cache
+events, and statistics.
+"""

@@ -1,0 +1,44 @@
+"""Prefix-cache keys: one chained hash per full block of a request's tokens.
+
+Mirrors: vllm/v1/core/kv_cache_utils.py (hash_block_tokens,
+get_request_block_hasher, generate_block_hash_extra_keys).
+
+Block ``i`` is keyed by the key of block ``i - 1``, the block's tokens and its
+extra keys, so two requests share a key only if they share the whole prefix.
+The only extra key modelled is ``cache_salt``, on the first block (vLLM also
+uses LoRA ids and multimodal hashes).  The root of the chain is random per
+process in vLLM; keys are therefore never compared across engines.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Sequence
+
+BlockHash = bytes
+
+_ROOT = b"reference-root"
+
+
+def hash_block(parent: BlockHash | None, tokens: Sequence[int], extra: tuple | None) -> BlockHash:
+    """The key of one full block, chained to its parent's key."""
+    material = repr((parent or _ROOT, tuple(tokens), extra)).encode()
+    return hashlib.sha256(material).digest()
+
+
+def extra_keys(cache_salt: str | None, block_start: int) -> tuple | None:
+    """The salt separates tenants; it enters the chain once, on the first block."""
+    if block_start == 0 and cache_salt:
+        return (cache_salt,)
+    return None
+
+
+def extend_block_hashes(hashes: list[BlockHash], tokens: Sequence[int], block_size: int,
+                        cache_salt: str | None) -> None:
+    """Append the keys of the blocks that have become full since the last call."""
+    start = len(hashes) * block_size
+    while start + block_size <= len(tokens):
+        parent = hashes[-1] if hashes else None
+        hashes.append(hash_block(parent, tokens[start:start + block_size],
+                                 extra_keys(cache_salt, start)))
+        start += block_size

@@ -1,0 +1,174 @@
+"""The page pool: every KV page, the free queue, and the prefix-cache index.
+
+Mirrors: vllm/v1/core/block_pool.py (BlockPool, BlockHashToBlockMap) and
+vllm/v1/core/kv_cache_utils.py (KVCacheBlock, FreeKVCacheBlockQueue).
+
+Pages are bought once: ids ``0 .. num_blocks - 1``.  Page 0 is the null page,
+taken out of the free queue at start and never handed out or freed.  A free
+page may still be *cached*: it keeps its hash and can be hit until it is
+handed out again, at which point its hash is dropped (eviction).
+
+The free queue's order is the eviction order: new pages come from the head,
+freed pages go to the tail, a cache hit on a free page cuts it out of the
+middle.  Every operation is O(1) per page: the queue is a doubly linked list
+threaded through the pages themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from reference import events
+from reference.block_hash import BlockHash
+
+
+class Block:
+    """One KV page."""
+
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free", "next_free", "is_null")
+
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_cnt = 0  # requests holding this page
+        self.block_hash: BlockHash | None = None  # set while the page is cached
+        self.prev_free: Block | None = None
+        self.next_free: Block | None = None
+        self.is_null = False
+
+    def __repr__(self) -> str:
+        return f"Block({self.block_id}, ref={self.ref_cnt}, cached={self.block_hash is not None})"
+
+
+class FreeBlockQueue:
+    """Free pages in eviction order, linked through the pages (head = next to go)."""
+
+    def __init__(self, blocks: list[Block]):
+        self._head = Block(-1)  # sentinels: every real page in the queue has neighbours
+        self._tail = Block(-1)
+        self._head.next_free = self._tail
+        self._tail.prev_free = self._head
+        self.num_free_blocks = 0
+        self.append_n(blocks)
+
+    def popleft_n(self, n: int) -> list[Block]:
+        """Take ``n`` pages from the head."""
+        if n > self.num_free_blocks:
+            raise ValueError(f"cannot take {n} pages, {self.num_free_blocks} free")
+        taken = []
+        for _ in range(n):
+            block = self._head.next_free
+            self._unlink(block)
+            taken.append(block)
+        return taken
+
+    def remove(self, block: Block) -> None:
+        """Cut a page out of the middle (a cache hit on a free page)."""
+        if block.prev_free is None or block.next_free is None:
+            raise RuntimeError(f"{block} is not in the free queue")
+        self._unlink(block)
+
+    def append_n(self, blocks: Iterable[Block]) -> None:
+        """Put pages back at the tail, in the given order."""
+        for block in blocks:
+            last = self._tail.prev_free
+            last.next_free = block
+            block.prev_free = last
+            block.next_free = self._tail
+            self._tail.prev_free = block
+            self.num_free_blocks += 1
+
+    def _unlink(self, block: Block) -> None:
+        block.prev_free.next_free = block.next_free
+        block.next_free.prev_free = block.prev_free
+        block.prev_free = block.next_free = None
+        self.num_free_blocks -= 1
+
+    def block_ids(self) -> list[int]:
+        """Head to tail; O(free pages), for tests and reports only."""
+        ids, block = [], self._head.next_free
+        while block is not self._tail:
+            ids.append(block.block_id)
+            block = block.next_free
+        return ids
+
+
+class BlockPool:
+    """All pages, the free queue, and the map from block hash to cached pages."""
+
+    def __init__(self, num_blocks: int, enable_caching: bool, emit: events.Listener = events.ignore):
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.emit = emit
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_queue = FreeBlockQueue(self.blocks)
+        # hash -> {block_id: page}, in insertion order.  The same content can be
+        # cached in several pages: pages are never merged, so that a request's
+        # block table only ever grows.
+        self.cached: dict[BlockHash, dict[int, Block]] = {}
+        self.null_block = self.free_queue.popleft_n(1)[0]
+        self.null_block.is_null = True
+
+    def num_free_blocks(self) -> int:
+        return self.free_queue.num_free_blocks
+
+    def get_cached_block(self, block_hash: BlockHash) -> Block | None:
+        """The first page cached under this hash, if any."""
+        pages = self.cached.get(block_hash)
+        return next(iter(pages.values())) if pages else None
+
+    def get_new_blocks(self, n: int) -> list[Block]:
+        """Hand out ``n`` pages from the head of the free queue, dropping stale hashes."""
+        taken = self.free_queue.popleft_n(n)
+        for block in taken:
+            if self.enable_caching:
+                self._evict_if_cached(block)
+            assert block.ref_cnt == 0
+            block.ref_cnt = 1
+        return taken
+
+    def _evict_if_cached(self, block: Block) -> None:
+        """A cached page that is handed out again stops being a cache entry."""
+        if block.block_hash is None:
+            return
+        pages = self.cached.get(block.block_hash)
+        if pages is None or block.block_id not in pages:
+            return
+        del pages[block.block_id]
+        if not pages:
+            del self.cached[block.block_hash]
+        block.block_hash = None
+        self.emit(events.CachedBlockEvicted(block.block_id))
+
+    def touch(self, blocks: Iterable[Block]) -> None:
+        """Take a reference on prefix-hit pages; a free one leaves the free queue."""
+        for block in blocks:
+            if block.ref_cnt == 0 and not block.is_null:
+                self.free_queue.remove(block)
+            block.ref_cnt += 1
+
+    def free_blocks(self, ordered: Iterable[Block]) -> None:
+        """Drop one reference on each page; those now unused join the tail in order."""
+        ordered = list(ordered)
+        for block in ordered:
+            block.ref_cnt -= 1
+        self.free_queue.append_n(b for b in ordered if b.ref_cnt == 0 and not b.is_null)
+
+    def cache_full_blocks(self, block_hashes: list[BlockHash], blocks: list[Block],
+                          num_cached: int, num_full: int) -> None:
+        """Index the pages ``blocks[num_cached:num_full]`` under their hashes."""
+        if num_cached == num_full:
+            return
+        assert len(block_hashes) >= num_full
+        for block, block_hash in zip(blocks[num_cached:num_full], block_hashes[num_cached:]):
+            assert block.block_hash is None, f"{block} is already cached"
+            block.block_hash = block_hash
+            self.cached.setdefault(block_hash, {})[block.block_id] = block
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every hash; refused (False) while any page is in use."""
+        if self.num_blocks - self.num_free_blocks() != 1:  # only the null page may be in use
+            return False
+        self.cached = {}
+        for block in self.blocks:
+            block.block_hash = None
+        return True

@@ -1,0 +1,29 @@
+"""The knobs the scheduler and the KV cache manager read.
+
+Mirrors: vllm/config/scheduler.py (SchedulerConfig), vllm/config/cache.py
+(CacheConfig) and the two members of SpeculativeConfig the scheduler uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Config:
+    block_size: int
+    num_blocks: int  # the whole pool, null block included
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_model_len: int
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    long_prefill_token_threshold: int = 0
+    policy: str = "fcfs"  # or "priority"
+    num_speculative_tokens: int = 0
+    use_eagle: bool = False
+
+    @property
+    def num_lookahead_tokens(self) -> int:
+        """Slots reserved beyond the scheduled tokens: eagle drafts in the KV cache."""
+        return self.num_speculative_tokens if self.use_eagle else 0

@@ -1,0 +1,40 @@
+"""What one scheduling step hands to the worker.
+
+Mirrors: vllm/v1/core/sched/output.py (SchedulerOutput, NewRequestData,
+CachedRequestData), reduced to the fields this model produces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class NewRequestData:
+    """A request scheduled for the first time: the worker gets its whole table."""
+
+    req_id: str
+    block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass
+class CachedRequestData:
+    """A running request (only its new pages) or a resumed one (its whole table)."""
+
+    req_id: str
+    resumed_from_preemption: bool
+    new_block_ids: list[int] | None  # None: no new pages
+    num_computed_tokens: int
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: list[CachedRequestData]
+    # Insertion order is the order tokens were granted in.
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    scheduled_spec_decode_tokens: dict[str, list[int]]
+    # Requests that finished since the previous schedule() call.
+    finished_req_ids: set[str] = field(default_factory=set)

@@ -1,0 +1,41 @@
+"""Where vLLM 0.11.0 behaves oddly, and the reference follows it on purpose.
+
+Conformance means 0.11.0's behaviour, not the behaviour vLLM meant to have.
+Each quirk below is reproduced by the code that names it.
+
+PRIORITY_VICTIM_KEEPS_ITS_GRANT
+    Under the priority policy, a running request that cannot get pages preempts
+    the running request with the largest (priority, arrival_time) -- which may
+    be one already scheduled earlier in the same step.  0.11.0 removes the
+    victim from the step's list of scheduled running requests, but not from
+    ``num_scheduled_tokens``, not from the new-block map and not from the spent
+    budget.  Consequences, all reproduced: the victim's tokens are still counted
+    as computed by ``_update_after_schedule`` (it sits in the waiting queue with
+    ``num_computed_tokens > 0`` and no pages), the scripted model still answers
+    for it, ``update_from_output`` may append tokens to it or finish it while it
+    waits, and when it is admitted again it skips the prefix lookup and
+    allocates pages for every token up to its stale count.  The running loop's
+    index also skips the request that slid into the victim's place.
+    Changed later: vLLM PR #26661 ("[Bugfix][Core] Fix block table out-of-range
+    issue in priority scheduling", fixing issue #23316) drops such a victim's
+    entries from ``num_scheduled_tokens`` and the new-block map and returns its
+    budget; PR #28558 also clears its scheduled drafts.  The skipped index is
+    vLLM issue #49097.
+    Code: scheduler.Scheduler._pick_victim, Scheduler._schedule_waiting.
+
+SKIPPED_WAITING_REQUESTS_REVERSED
+    With chunked prefill off, waiting requests too long for the remaining budget
+    are set aside and put back at the head afterwards; under fcfs, several set
+    aside in one step come back in reverse order (each is prepended to the
+    set-aside queue).  Code: scheduler.Scheduler._schedule_waiting.
+
+REJECTED_DRAFTS_ALWAYS_SUBTRACTED
+    Rejected drafts are subtracted from ``num_computed_tokens`` even for a
+    request that was preempted in the same step (see the first quirk); the
+    count may then go negative.  Code: scheduler.Scheduler.update_from_output.
+
+STALE_WORKER_ROWS
+    The worker's block table rows are fixed-size and not cleared when a row is
+    rewritten, so a slot looked up past a row's length reads an old page id.
+    Code: slot_mapping.WorkerBlockTable.
+"""

@@ -1,0 +1,105 @@
+"""A request: its tokens, its progress, its status, and when it stops.
+
+Mirrors: vllm/v1/request.py (Request, RequestStatus) and
+vllm/v1/core/sched/utils.py (check_stop).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from reference.block_hash import BlockHash, extend_block_hashes
+
+
+class RequestStatus(enum.IntEnum):
+    """Ordered as in vLLM: every status after PREEMPTED is a finished one."""
+
+    WAITING = 1
+    RUNNING = 4
+    PREEMPTED = 5
+    FINISHED_STOPPED = 6
+    FINISHED_LENGTH_CAPPED = 7
+    FINISHED_ABORTED = 8
+
+    @property
+    def is_finished(self) -> bool:
+        return self > RequestStatus.PREEMPTED
+
+
+@dataclass(eq=False)
+class Request:
+    """One request inside the scheduler (compared by identity, like vLLM's)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    arrival_time: float
+    priority: int = 0
+    eos_token_id: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    cache_salt: str | None = None
+    wants_prompt_logprobs: bool = False
+    # Set when prefix caching is on: keys are kept for every full block.
+    hash_block_size: int | None = None
+
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    all_token_ids: list[int] = field(default_factory=list)
+    spec_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = -1  # prefix hit at first admission; -1 until then
+    block_hashes: list[BlockHash] = field(default_factory=list)
+    stop_reason: int | None = None
+
+    def __post_init__(self) -> None:
+        self.all_token_ids = list(self.prompt_token_ids)
+        self._hash_new_full_blocks()
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus outputs: the tokens whose KV is eventually written."""
+        return len(self.all_token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        return len(self.all_token_ids) + len(self.spec_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def append_output_token(self, token: int) -> None:
+        self.output_token_ids.append(token)
+        self.all_token_ids.append(token)
+        self._hash_new_full_blocks()
+
+    def _hash_new_full_blocks(self) -> None:
+        if self.hash_block_size is not None:
+            extend_block_hashes(self.block_hashes, self.all_token_ids, self.hash_block_size,
+                                self.cache_salt)
+
+
+def check_stop(request: Request, max_model_len: int) -> bool:
+    """Apply the stop rules to the newest output token; set the finished status.
+
+    Length comes first (``max_model_len``, then ``max_tokens``), then EOS unless
+    ``ignore_eos``, then the stop tokens.
+    """
+    if request.num_tokens >= max_model_len or request.num_output_tokens >= request.max_tokens:
+        request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        return True
+    last = request.output_token_ids[-1]
+    if not request.ignore_eos and last == request.eos_token_id:
+        request.status = RequestStatus.FINISHED_STOPPED
+        return True
+    if last in request.stop_token_ids:
+        request.status = RequestStatus.FINISHED_STOPPED
+        request.stop_reason = last
+        return True
+    return False

@@ -1,0 +1,91 @@
+"""The waiting queue under each policy.
+
+Mirrors: vllm/v1/core/sched/request_queue.py (FCFSRequestQueue,
+PriorityRequestQueue).
+
+fcfs is a deque: arrivals at the tail, preempted and skipped requests back at
+the head.  priority is a heap on (priority, arrival_time): "prepending" is
+just another push, so a preempted request goes back by its key, not first.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from typing import Iterable, Iterator
+
+from reference.request import Request
+
+
+class FcfsQueue:
+    def __init__(self) -> None:
+        self._q: deque[Request] = deque()
+
+    def add(self, request: Request) -> None:
+        self._q.append(request)
+
+    def peek(self) -> Request:
+        return self._q[0]
+
+    def pop(self) -> Request:
+        return self._q.popleft()
+
+    def prepend(self, request: Request) -> None:
+        self._q.appendleft(request)
+
+    def prepend_all(self, other: "FcfsQueue") -> None:
+        """Put ``other`` in front of this queue, keeping ``other``'s order."""
+        self._q.extendleft(reversed(other._q))
+
+    def remove_all(self, requests: Iterable[Request]) -> None:
+        gone = set(requests)
+        self._q = deque(r for r in self._q if r not in gone)
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(self._q)
+
+
+class PriorityQueue:
+    """Smallest (priority, arrival_time) first."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, float, int, Request]] = []
+
+    def add(self, request: Request) -> None:
+        # The keys are unique in the harness (arrival_time is the stream index);
+        # id() only keeps heapq from ever comparing two Request objects.
+        heapq.heappush(self._heap, (request.priority, request.arrival_time, id(request), request))
+
+    def peek(self) -> Request:
+        return self._heap[0][-1]
+
+    def pop(self) -> Request:
+        return heapq.heappop(self._heap)[-1]
+
+    prepend = add
+
+    def prepend_all(self, other: "PriorityQueue") -> None:
+        for entry in other._heap:
+            self.add(entry[-1])
+
+    def remove_all(self, requests: Iterable[Request]) -> None:
+        gone = set(requests)
+        self._heap = [e for e in self._heap if e[-1] not in gone]
+        heapq.heapify(self._heap)
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __iter__(self) -> Iterator[Request]:
+        return (e[-1] for e in sorted(self._heap))
+
+
+def make_queue(policy: str) -> FcfsQueue | PriorityQueue:
+    if policy == "fcfs":
+        return FcfsQueue()
+    if policy == "priority":
+        return PriorityQueue()
+    raise ValueError(f"unknown scheduling policy {policy!r}")

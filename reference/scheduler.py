@@ -1,0 +1,275 @@
+"""The step scheduler: who computes how many tokens now, and on which pages.
+
+Mirrors: vllm/v1/core/sched/scheduler.py (Scheduler.schedule,
+_update_after_schedule, update_from_output, update_draft_token_ids,
+finish_requests).
+
+There is no prefill or decode phase.  Each request has ``num_tokens_with_spec``
+(prompt + outputs + drafts) and ``num_computed_tokens`` (KV already written);
+a step grants it the difference, cut by the long-prefill threshold, by what
+is left of the step's token budget and by the model length.  A step has three
+parts:
+
+1. running requests, in running order, each getting pages or preempting the
+   lowest-priority running request until it does (or until it preempts itself);
+2. waiting requests, only if nothing was preempted, while budget and seats
+   remain, each with its prefix hit; one that does not fit ends the part;
+3. the output, after which every scheduled request's ``num_computed_tokens``
+   is advanced at once (rejected drafts are taken back in ``update_from_output``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from reference import events
+from reference.config import Config
+from reference.kv_cache_manager import KVCacheManager
+from reference.output import CachedRequestData, NewRequestData, SchedulerOutput
+from reference.request import Request, RequestStatus, check_stop
+from reference.request_queue import make_queue
+
+
+@dataclass
+class StepPlan:
+    """What the current step has granted so far."""
+
+    token_budget: int
+    new: list[Request] = field(default_factory=list)
+    resumed: list[Request] = field(default_factory=list)
+    running: list[Request] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    new_block_ids: dict[str, list[int]] = field(default_factory=dict)
+    spec_tokens: dict[str, list[int]] = field(default_factory=dict)
+
+    def grant(self, request: Request, num_tokens: int, block_ids: list[int]) -> None:
+        self.num_scheduled_tokens[request.request_id] = num_tokens
+        self.new_block_ids[request.request_id] = block_ids
+        self.token_budget -= num_tokens
+
+
+class Scheduler:
+    def __init__(self, config: Config, emit: events.Listener = events.ignore):
+        self.config = config
+        self.emit = emit
+        self.kv = KVCacheManager(config.num_blocks, config.block_size, config.max_model_len,
+                                 config.enable_prefix_caching, config.use_eagle, emit)
+        self.requests: dict[str, Request] = {}
+        self.waiting = make_queue(config.policy)
+        self.running: list[Request] = []
+        self.finished_req_ids: set[str] = set()
+
+    # -- requests in and out ---------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        self.waiting.add(request)
+        self.requests[request.request_id] = request
+
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def finish_requests(self, request_ids: list[str], status: RequestStatus) -> None:
+        """Abort from outside; unknown or already finished ids are ignored."""
+        found = [self.requests[r] for r in request_ids if r in self.requests]
+        leaving_running = {r for r in found if r.status == RequestStatus.RUNNING}
+        self.running = [r for r in self.running if r not in leaving_running]
+        self.waiting.remove_all(r for r in found if r not in leaving_running)
+        for request in found:
+            request.status = status
+            self._free_request(request)
+
+    def _free_request(self, request: Request) -> None:
+        self.finished_req_ids.add(request.request_id)
+        self.kv.free(request)
+        del self.requests[request.request_id]
+
+    def reset_prefix_cache(self) -> bool:
+        return self.kv.reset_prefix_cache()
+
+    # -- one step --------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        plan = StepPlan(token_budget=self.config.max_num_batched_tokens)
+        self._schedule_running(plan)
+        if not plan.preempted:
+            self._schedule_waiting(plan)
+        self._check_limits(plan)
+        output = self._make_output(plan)
+        self._advance_computed_tokens(output)
+        return output
+
+    def cap_long_prefill(self, num_tokens: int) -> int:
+        """A positive ``long_prefill_token_threshold`` caps the tokens of one request."""
+        threshold = self.config.long_prefill_token_threshold
+        return threshold if 0 < threshold < num_tokens else num_tokens
+
+    def _schedule_running(self, plan: StepPlan) -> None:
+        index = 0
+        while index < len(self.running) and plan.token_budget > 0:
+            request = self.running[index]
+            num_new = self.cap_long_prefill(request.num_tokens_with_spec - request.num_computed_tokens)
+            num_new = min(num_new, plan.token_budget)
+            # The last position must stay inside the model (drafts can reach past it).
+            num_new = min(num_new, self.config.max_model_len - 1 - request.num_computed_tokens)
+            if num_new == 0:
+                index += 1  # skip it, but let the requests behind it run
+                continue
+            new_blocks = self._allocate_or_preempt(request, num_new, plan)
+            if new_blocks is None:
+                break  # it preempted itself: nothing lower is left to preempt
+            plan.running.append(request)
+            plan.grant(request, num_new, [b.block_id for b in new_blocks])
+            index += 1
+            self._schedule_drafts(request, num_new, plan)
+
+    def _allocate_or_preempt(self, request: Request, num_new: int, plan: StepPlan):
+        """Pages for a running request, preempting others until they fit."""
+        while True:
+            new_blocks = self.kv.allocate_slots(
+                request, num_new, num_lookahead_tokens=self.config.num_lookahead_tokens)
+            if new_blocks is not None:
+                return new_blocks
+            victim = self._pick_victim(plan)
+            self._preempt(victim, plan)
+            if victim is request:
+                return None
+
+    def _pick_victim(self, plan: StepPlan) -> Request:
+        """fcfs: the last running request.  priority: the largest (priority, arrival).
+
+        Under priority the victim may already be scheduled in this step; see
+        quirks.PRIORITY_VICTIM_KEEPS_ITS_GRANT for what 0.11.0 does then.
+        """
+        if self.config.policy == "priority":
+            victim = max(self.running, key=lambda r: (r.priority, r.arrival_time))
+            self.running.remove(victim)
+            if victim in plan.running:
+                plan.running.remove(victim)
+            return victim
+        return self.running.pop()
+
+    def _preempt(self, victim: Request, plan: StepPlan) -> None:
+        """Recompute later: drop its pages and progress, queue it at the head."""
+        self.kv.free(victim)
+        victim.status = RequestStatus.PREEMPTED
+        victim.num_computed_tokens = 0
+        self.waiting.prepend(victim)
+        plan.preempted.append(victim)
+        self.emit(events.Preempted(victim.request_id))
+
+    def _schedule_drafts(self, request: Request, num_new: int, plan: StepPlan) -> None:
+        """Drafts that fell outside the granted tokens are cut off."""
+        if not request.spec_token_ids:
+            return
+        num_drafts = num_new + request.num_computed_tokens - request.num_tokens
+        if num_drafts > 0:
+            del request.spec_token_ids[num_drafts:]
+            plan.spec_tokens[request.request_id] = request.spec_token_ids
+
+    def _schedule_waiting(self, plan: StepPlan) -> None:
+        skipped = make_queue(self.config.policy)
+        while len(self.waiting) and plan.token_budget > 0:
+            if len(self.running) == self.config.max_num_seqs:
+                break
+            request = self.waiting.peek()
+            if request.num_computed_tokens == 0:
+                hit, num_hit = self.kv.get_computed_blocks(request)
+                num_computed = num_hit
+            else:
+                # Only the quirk PRIORITY_VICTIM_KEEPS_ITS_GRANT leaves a waiting
+                # request with computed tokens (and no pages): no lookup then.
+                hit, num_hit = [], 0
+                num_computed = request.num_computed_tokens
+            # num_tokens, not the prompt: a resumed request recomputes its outputs too.
+            num_new = self.cap_long_prefill(request.num_tokens - num_computed)
+            if not self.config.enable_chunked_prefill and num_new > plan.token_budget:
+                skipped.prepend(self.waiting.pop())  # whole prompts only: try the next one
+                continue
+            num_new = min(num_new, plan.token_budget)
+            assert num_new > 0
+            lookahead = 0 if request.num_computed_tokens == 0 else self.config.num_lookahead_tokens
+            if self.kv.allocate_slots(request, num_new, num_hit, hit, lookahead) is None:
+                break  # no preemption for a waiting request
+            self._admit(self.waiting.pop(), num_new, num_computed, plan)
+        if len(skipped):
+            self.waiting.prepend_all(skipped)
+
+    def _admit(self, request: Request, num_new: int, num_computed: int, plan: StepPlan) -> None:
+        self.running.append(request)
+        (plan.new if request.status == RequestStatus.WAITING else plan.resumed).append(request)
+        plan.grant(request, num_new, self.kv.get_block_ids(request.request_id))
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = num_computed
+        if request.num_cached_tokens < 0:
+            request.num_cached_tokens = num_computed
+
+    def _check_limits(self, plan: StepPlan) -> None:
+        assert sum(plan.num_scheduled_tokens.values()) <= self.config.max_num_batched_tokens
+        assert plan.token_budget >= 0
+        assert len(self.running) <= self.config.max_num_seqs
+        assert len(plan.new) + len(plan.resumed) + len(plan.running) <= len(self.running)
+
+    def _make_output(self, plan: StepPlan) -> SchedulerOutput:
+        new = [NewRequestData(r.request_id, plan.new_block_ids[r.request_id], r.num_computed_tokens)
+               for r in plan.new]
+        cached = [CachedRequestData(r.request_id, resumed,
+                                    plan.new_block_ids[r.request_id] or None,
+                                    r.num_computed_tokens)
+                  for requests, resumed in ((plan.running, False), (plan.resumed, True))
+                  for r in requests]
+        output = SchedulerOutput(
+            scheduled_new_reqs=new,
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens=dict(plan.num_scheduled_tokens),
+            total_num_scheduled_tokens=sum(plan.num_scheduled_tokens.values()),
+            scheduled_spec_decode_tokens={k: list(v) for k, v in plan.spec_tokens.items()},
+            finished_req_ids=self.finished_req_ids,
+        )
+        return output
+
+    def _advance_computed_tokens(self, output: SchedulerOutput) -> None:
+        """Count the scheduled tokens as computed now, so the next step can go on."""
+        for req_id, num_tokens in output.num_scheduled_tokens.items():
+            self.requests[req_id].num_computed_tokens += num_tokens
+        self.finished_req_ids = set()
+
+    # -- after the model ran -----------------------------------------------------------
+
+    def update_from_output(self, output: SchedulerOutput, sampled: dict[str, list[int]]) -> None:
+        """Take the sampled tokens: undo rejected drafts, append outputs, stop requests."""
+        stopped_running, stopped_waiting = [], []
+        for req_id in output.num_scheduled_tokens:
+            request = self.requests.get(req_id)
+            if request is None:
+                continue
+            tokens = list(sampled.get(req_id, []))
+            drafts = output.scheduled_spec_decode_tokens.get(req_id)
+            if drafts:
+                num_accepted = len(tokens) - 1
+                request.num_computed_tokens -= len(drafts) - num_accepted
+            status_before = request.status
+            if tokens and self._append_outputs(request, tokens):
+                self._free_request(request)
+                (stopped_running if status_before == RequestStatus.RUNNING
+                 else stopped_waiting).append(request)
+        if stopped_running:
+            gone = set(stopped_running)
+            self.running = [r for r in self.running if r not in gone]
+        if stopped_waiting:
+            self.waiting.remove_all(stopped_waiting)
+
+    def _append_outputs(self, request: Request, tokens: list[int]) -> bool:
+        """Append tokens one by one; a stop drops the tokens after it."""
+        for token in tokens:
+            request.append_output_token(token)
+            if check_stop(request, self.config.max_model_len):
+                return True
+        return False
+
+    def update_draft_token_ids(self, drafts: dict[str, list[int]]) -> None:
+        for req_id, tokens in drafts.items():
+            request = self.requests.get(req_id)
+            if request is None or request.is_finished:
+                continue
+            request.spec_token_ids = list(tokens)
