@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, Phase, settings
 
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 
-settings.register_profile("ci", max_examples=60, derandomize=True, deadline=None,
+settings.register_profile("ci", max_examples=100, derandomize=True, deadline=None,
                           database=None, suppress_health_check=_SLOW_OK, print_blob=True)
 settings.register_profile("dev", max_examples=30, deadline=None,
                           suppress_health_check=_SLOW_OK, print_blob=True)

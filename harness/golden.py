@@ -1,0 +1,118 @@
+"""Golden traces: vLLM's traces recorded once, replayed against the reference without vLLM.
+
+A recorded trace is the vLLM trace plus an ``_info`` block::
+
+    {"vllm_version", "stream_sha256", "steps_sha256", "recorder_version", "recorded_on"}
+
+``stream_sha256`` is the sha256 of the canonical stream JSON and
+``steps_sha256`` that of the canonical steps, so a trace whose stream changed
+since it was recorded (stale) or whose steps were edited by hand is refused
+before anything is compared.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from harness.stream import StreamError, canonical_json, load_stream, parse_stream
+
+RECORDER_VERSION = "1"
+STREAMS_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "streams"
+
+
+class StaleTrace(Exception):
+    """A recorded trace that no longer matches its stream, or was edited."""
+
+
+def _sha(obj: Any) -> str:
+    return hashlib.sha256(canonical_json(obj).encode()).hexdigest()
+
+
+def recorded(trace: dict[str, Any]) -> dict[str, Any]:
+    """A trace with its _info block."""
+    out = dict(trace)
+    out["_info"] = {
+        "vllm_version": trace["vllm_version"],
+        "stream_sha256": trace["stream_sha256"],
+        "steps_sha256": _sha(trace["steps"]),
+        "recorder_version": RECORDER_VERSION,
+        "recorded_on": datetime.date.today().isoformat(),
+    }
+    return out
+
+
+def record(streams, out_dir: Path) -> int:
+    """Record vLLM's trace of each stream into ``out_dir/<name>.json``."""
+    from harness.cli import write_atomic
+    from harness.engines.vllm_adapter import VllmEngine
+    from harness.runner import run
+    engine = VllmEngine()
+    status = 0
+    for stream in streams:
+        trace = run(engine, stream).to_json()
+        if trace["verdict"] == "engine_failure":
+            print(f"{stream.name}: vLLM failed at step {trace['failure']['step']}: "
+                  f"{trace['failure']['message']} (recorded as such)")
+            status = 1
+        write_atomic(out_dir / f"{stream.name}.json",
+                     json.dumps(recorded(trace), indent=1, sort_keys=True) + "\n")
+        print(f"recorded {out_dir / (stream.name + '.json')} ({len(trace['steps'])} steps)")
+    return status
+
+
+def verify(trace: dict[str, Any], streams_dir: Path | None = STREAMS_DIR) -> None:
+    """Refuse a recorded trace that is stale or was edited by hand."""
+    info = trace.get("_info")
+    if not isinstance(info, dict):
+        raise StaleTrace("no _info block: not a recorded trace")
+    try:
+        stream = parse_stream(trace["stream"])
+    except StreamError as exc:
+        raise StaleTrace(f"its stream is invalid: {exc}") from None
+    if stream.sha256() != info["stream_sha256"] or trace["stream_sha256"] != info["stream_sha256"]:
+        raise StaleTrace("its stream does not match the stream_sha256 it was recorded with")
+    if _sha(trace["steps"]) != info["steps_sha256"]:
+        raise StaleTrace("its steps do not match steps_sha256: edited after recording")
+    if streams_dir is not None:
+        source = streams_dir / f"{stream.name}.json"
+        if source.exists() and load_stream(source).sha256() != info["stream_sha256"]:
+            raise StaleTrace(f"{source} changed since the trace was recorded: run make record")
+
+
+def replay_one(path: Path, streams_dir: Path | None = STREAMS_DIR):
+    """Run the reference on a recorded trace's stream; the first divergence or None."""
+    from harness.diff import first_divergence
+    from harness.engines.reference_engine import ReferenceEngine
+    from harness.runner import run
+    golden = json.loads(path.read_text())
+    verify(golden, streams_dir)
+    stream = parse_stream(golden["stream"])
+    mine = run(ReferenceEngine(), stream).to_json()
+    return first_divergence(golden, mine), golden, mine
+
+
+def replay(folder: Path, verbose: bool = False) -> int:
+    from harness.diff import report
+    paths = sorted(folder.glob("*.json"))
+    if not paths:
+        print(f"{folder}: no recorded traces")
+        return 2
+    bad = 0
+    for path in paths:
+        try:
+            d, golden, mine = replay_one(path)
+        except StaleTrace as exc:
+            print(f"{path.name}: STALE: {exc}")
+            bad += 1
+            continue
+        if d is not None:
+            print(f"{path.name}: {report(golden, mine, d)}")
+            bad += 1
+        elif verbose:
+            print(f"{path.name}: reference matches vLLM {golden['vllm_version']}")
+    print(f"{len(paths) - bad} match, {bad} do not")
+    return 0 if bad == 0 else 1

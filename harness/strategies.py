@@ -1,0 +1,515 @@
+"""Hypothesis strategies for request streams.
+
+Every strategy here generates plain JSON-able stream dicts, the format that
+:func:`harness.stream.parse_stream` accepts, and every value it generates is a
+*valid* stream: the rules of ``harness.stream`` (``_check_config`` and
+``_check_stream``) are built into the draws, nothing is filtered away.  A
+generated stream can therefore be written out as a fixture, pinned with
+``@example`` and replayed offline as it is.
+
+Streams are small on purpose (a few requests, models of at most a few dozen
+tokens, token ids from a small alphabet) so that one run takes milliseconds
+in the reference and shared prefixes, stop tokens and draft matches happen by
+themselves.
+
+Public strategies:
+
+* :func:`configs` -- engine configs; any field can be fixed or drawn from a
+  strategy of your own.
+* :func:`streams` -- streams for a config, with knobs that switch features
+  (shared prefixes, stop rules, aborts, salts, drafts, ...) on or off.
+* Area-focused variants: :func:`preemption_streams`,
+  :func:`prefix_cache_streams`, :func:`chunked_prefill_streams`,
+  :func:`spec_decode_streams`, :func:`stop_and_abort_streams`, and
+  :func:`any_stream`, which mixes all of them.
+
+Shrinking, in general: fewer requests, shorter prompts and outputs, earlier
+arrivals, features switched off (no drafts, no aborts, no salt, no prompt
+logprobs, no resets), the first entry of every choice list and the lower
+bound of every integer range.  Each strategy's docstring says where its own
+values shrink to.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+from hypothesis.strategies import SearchStrategy
+
+from harness.model import accepted_prefix
+from harness.stream import Config, RequestSpec, StreamError, parse_stream
+
+__all__ = [
+    "STOP_MODES", "configs", "streams", "preemption_streams", "prefix_cache_streams",
+    "chunked_prefill_streams", "spec_decode_streams", "stop_and_abort_streams", "any_stream",
+]
+
+#: Token ids are drawn from ``range(vocab_size)``; small, so that prefixes,
+#: stop tokens and drafts meet each other often.
+DEFAULT_VOCAB_SIZE = 21
+DEFAULT_MAX_STEPS = 400
+DEFAULT_MODEL = "qwen2.5-0.5b"
+
+#: How a request is meant to stop (the first is what shrinking goes to):
+#: ``script_end`` -- its output script is the whole answer (max_tokens unset);
+#: ``max_tokens`` -- max_tokens is hit before the script ends;
+#: ``eos`` -- its EOS token is emitted; ``stop_token`` -- one of its
+#: stop_token_ids is emitted; ``ignore_eos`` -- EOS tokens are emitted but
+#: ignored, the script or max_tokens ends it; ``max_model_len`` -- prompt plus
+#: outputs reach max_model_len while max_tokens would allow more.
+STOP_MODES = ("script_end", "max_tokens", "eos", "stop_token", "ignore_eos", "max_model_len")
+
+_CONFIG_FIELDS = {f for f in Config.__dataclass_fields__}
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _value(draw, value: Any) -> Any:
+    """An override is either a strategy (drawn from) or a plain value (used as is)."""
+    return draw(value) if isinstance(value, SearchStrategy) else value
+
+
+# ---------------------------------------------------------------------------
+# Configs
+# ---------------------------------------------------------------------------
+
+@st.composite
+def configs(draw, **overrides: Any) -> dict[str, Any]:
+    """A valid engine config dict (every field of :class:`harness.stream.Config`).
+
+    Each keyword names a config field and gives either a plain value (used as
+    it is) or a strategy (drawn from); fields not named are drawn so that the
+    whole config is valid whatever the named ones are, as far as possible:
+    ``num_gpu_blocks`` is at least ``ceil(max_model_len / block_size)`` (and
+    2), ``max_num_batched_tokens`` is at least ``max_num_seqs``, and at least
+    ``max_model_len`` when chunked prefill is off.  Two extra keywords shape
+    the derived sizes: ``spare_blocks`` (pages beyond the minimum pool; default
+    ``0 .. 2 * minimum``) and ``budget`` (a strategy or value for
+    ``max_num_batched_tokens`` that is raised to the rules' minimum).
+    Overrides that contradict each other raise ``InvalidArgument``.
+
+    Shrinks towards: block_size 4, max_model_len 8, chunked prefill and prefix
+    caching on, 1 seat, the smallest legal budget, the smallest legal pool, no
+    long-prefill threshold, fcfs, no speculative decoding, ngram.
+    """
+    unknown = set(overrides) - _CONFIG_FIELDS - {"spare_blocks", "budget"}
+    if unknown:
+        raise InvalidArgument(f"configs(): unknown field(s) {sorted(unknown)}")
+
+    def pick(name: str, default: SearchStrategy) -> Any:
+        return _value(draw, overrides[name]) if name in overrides else draw(default)
+
+    block_size = pick("block_size", st.sampled_from([4, 2, 8, 16]))
+    max_model_len = pick("max_model_len", st.integers(8, 48))
+    chunked = pick("enable_chunked_prefill", st.sampled_from([True, False]))
+    caching = pick("enable_prefix_caching", st.sampled_from([True, False]))
+    max_num_seqs = pick("max_num_seqs", st.integers(1, 6))
+    min_budget = max(max_num_seqs, 1 if chunked else max_model_len)
+    if "max_num_batched_tokens" in overrides:
+        budget = _value(draw, overrides["max_num_batched_tokens"])
+    elif "budget" in overrides:
+        budget = max(min_budget, _value(draw, overrides["budget"]))
+    else:
+        budget = draw(st.integers(min_budget, max(min_budget, 2 * max_model_len)))
+    min_blocks = max(2, _cdiv(max_model_len, block_size))
+    if "num_gpu_blocks" in overrides:
+        num_blocks = _value(draw, overrides["num_gpu_blocks"])
+    else:
+        spare = (_value(draw, overrides["spare_blocks"]) if "spare_blocks" in overrides
+                 else draw(st.integers(0, 2 * min_blocks)))
+        num_blocks = min_blocks + spare
+    threshold = pick("long_prefill_token_threshold",
+                     st.one_of(st.just(0), st.integers(1, max_model_len)))
+    policy = pick("policy", st.sampled_from(["fcfs", "priority"]))
+    num_spec = pick("num_speculative_tokens", st.one_of(st.just(0), st.integers(1, 4)))
+    method = pick("speculative_method", st.sampled_from(["ngram", "eagle"]))
+    config = {
+        "block_size": block_size,
+        "num_gpu_blocks": num_blocks,
+        "max_num_batched_tokens": budget,
+        "max_num_seqs": max_num_seqs,
+        "max_model_len": max_model_len,
+        "enable_chunked_prefill": chunked,
+        "enable_prefix_caching": caching,
+        "long_prefill_token_threshold": threshold,
+        "policy": policy,
+        "num_speculative_tokens": num_spec,
+        "speculative_method": method,
+        "model": _value(draw, overrides.get("model", DEFAULT_MODEL)),
+        "max_steps": _value(draw, overrides.get("max_steps", DEFAULT_MAX_STEPS)),
+    }
+    _check_config_dict(config)
+    return config
+
+
+def _check_config_dict(config: dict[str, Any]) -> None:
+    """Validate a config with a one-token dummy request; bad overrides raise InvalidArgument."""
+    try:
+        parse_stream({"config": config,
+                      "requests": [{"id": "x", "prompt": [0], "output": [0], "max_tokens": 1}]})
+    except StreamError as exc:
+        raise InvalidArgument(f"configs(): overrides give an invalid config: {exc}") from None
+
+
+# ---------------------------------------------------------------------------
+# Streams
+# ---------------------------------------------------------------------------
+
+def _tokens(draw, n: int, vocab: int, avoid: frozenset[int] = frozenset()) -> list[int]:
+    """``n`` tokens from the alphabet minus ``avoid`` (shrink towards the smallest allowed)."""
+    allowed = [t for t in range(vocab) if t not in avoid]
+    return draw(st.lists(st.sampled_from(allowed), min_size=n, max_size=n))
+
+
+def _other_token(draw, token: int, vocab: int) -> int:
+    """A token different from ``token`` (shrinks towards ``token + 1``)."""
+    return (token + draw(st.integers(1, vocab - 1))) % vocab
+
+
+@st.composite
+def _prefix_pool(draw, config: dict[str, Any], vocab: int) -> list[list[int]]:
+    """1-3 shared prefixes: whole pages, or whole pages plus a partial page."""
+    bs, limit = config["block_size"], config["max_model_len"] - 1
+    pool = []
+    for _ in range(draw(st.integers(1, 3))):
+        pages = draw(st.integers(1, max(1, min(3, (limit - 1) // bs))))
+        partial = draw(st.sampled_from([0, 0, 1, bs // 2, bs - 1]))
+        length = max(1, min(pages * bs + partial, limit - 1))
+        pool.append(_tokens(draw, length, vocab))
+    return pool
+
+
+def _draw_prompt(draw, config: dict[str, Any], earlier: list[dict[str, Any]],
+                 prefixes: list[list[int]], vocab: int, min_len: int, max_len: int) -> list[int]:
+    """A fresh prompt, a shared prefix plus a suffix, or an earlier request's prompt+output."""
+    kinds = ["fresh"]
+    if prefixes:
+        kinds.append("prefix")
+    if prefixes and earlier:
+        kinds.append("extends_earlier")
+    kind = draw(st.sampled_from(kinds))
+    limit = config["max_model_len"] - 1  # a prompt must be shorter than max_model_len
+    if kind == "fresh":
+        return _tokens(draw, draw(st.integers(min_len, max_len)), vocab)
+    if kind == "prefix":
+        head = draw(st.sampled_from(prefixes))
+    else:  # the prompt and some outputs of an earlier request: a hit on output pages
+        other = draw(st.sampled_from(earlier))
+        head = other["prompt"] + other["output"][:draw(st.integers(0, len(other["output"])))]
+    head = head[:limit]
+    tail = draw(st.integers(0, max(0, min(max_len, limit) - len(head))))
+    prompt = head + _tokens(draw, tail, vocab)
+    return prompt or _tokens(draw, 1, vocab)
+
+
+def _draw_output(draw, config: dict[str, Any], prompt_len: int, vocab: int,
+                 stop_modes: tuple[str, ...], max_output_len: int) -> dict[str, Any]:
+    """The output script and stop fields of one request, for a drawn stop mode.
+
+    Tokens that would stop the request too early are kept out of the script
+    before the intended stop position, so the intended rule is the one that
+    fires (unless an abort comes first).
+    """
+    room = config["max_model_len"] - prompt_len  # outputs until max_model_len stops it
+    modes = list(stop_modes)
+    if room < 2:  # EOS/stop token before the model-length stop needs 2 output slots
+        modes = [m for m in modes if m not in ("eos", "stop_token")] or ["script_end"]
+    mode = draw(st.sampled_from(modes))
+    cap = max(1, min(max_output_len, room))
+    fields: dict[str, Any] = {}
+    eos = draw(st.one_of(st.none(), st.integers(0, vocab - 1)))
+    stops = draw(st.lists(st.integers(0, vocab - 1), max_size=2, unique=True))
+    if mode == "eos" and eos is None:
+        eos = draw(st.integers(0, vocab - 1))
+    if mode == "stop_token" and not stops:
+        stops = [draw(st.integers(0, vocab - 1))]
+    if mode == "ignore_eos" and eos is None:
+        eos = draw(st.integers(0, vocab - 1))
+    ignore_eos = mode == "ignore_eos"
+    avoid = set(stops)
+    if eos is not None and not ignore_eos:
+        avoid.add(eos)
+    avoid_fs = frozenset(avoid)
+    if len(avoid_fs) >= vocab:  # nothing left to write: drop the stop tokens
+        stops, avoid_fs = [], frozenset({eos} if eos is not None and not ignore_eos else ())
+
+    if mode in ("eos", "stop_token"):
+        k = draw(st.integers(0, min(cap, room - 1) - 1))  # the stop token's index
+        stop = eos if mode == "eos" else draw(st.sampled_from(stops))
+        if mode == "stop_token" and not ignore_eos and eos == stop:
+            eos = None  # let the stop token, not EOS, be the rule that fires
+        output = _tokens(draw, k, vocab, avoid_fs) + [stop]
+        output += _tokens(draw, draw(st.integers(0, 3)), vocab)
+        if draw(st.booleans()):
+            fields["max_tokens"] = draw(st.integers(k + 2, k + 12))
+    elif mode == "max_tokens":
+        m = draw(st.integers(1, cap))
+        output = _tokens(draw, m + draw(st.integers(1, 4)), vocab)
+        output[:m] = _tokens(draw, m, vocab, avoid_fs)
+        fields["max_tokens"] = m
+    elif mode == "max_model_len":
+        output = _tokens(draw, room, vocab, avoid_fs) + _tokens(draw, draw(st.integers(1, 3)), vocab)
+        if draw(st.booleans()):
+            fields["max_tokens"] = room + draw(st.integers(1, 8))
+    elif mode == "ignore_eos":
+        n = draw(st.integers(1, cap))
+        output = _tokens(draw, n, vocab, avoid_fs)
+        for _ in range(draw(st.integers(1, 2))):  # EOS in the script, to be ignored
+            output[draw(st.integers(0, n - 1))] = eos
+        if draw(st.booleans()) and n > 1:
+            fields["max_tokens"] = draw(st.integers(1, n))
+    else:  # script_end
+        output = _tokens(draw, draw(st.integers(1, cap)), vocab, avoid_fs)
+
+    if eos is not None:
+        fields["eos_token_id"] = eos
+    if stops:
+        fields["stop_token_ids"] = stops
+    if ignore_eos:
+        fields["ignore_eos"] = True
+    fields["output"] = output
+    return fields
+
+
+def _draw_drafts(draw, prompt_len: int, output: list[int], stop_index: int,
+                 num_spec: int, vocab: int) -> list[list[int]]:
+    """Draft lists taken from the request's own future output, partly changed.
+
+    The runner hands a request its next draft list each time it emits.  The
+    strategy follows the emissions it expects (one token at the end of the
+    prefill, then ``accepted + 1`` per step) and builds each list from the
+    output the request is expected to need next: ``accepted`` leading tokens
+    are right, the next one is changed, the rest copied.  Budget cuts and
+    preemptions move the real emissions, so some lists end up checked against
+    other positions -- still valid, just less right.  Shrinks towards no
+    drafts, then short all-wrong lists.
+    """
+    drafts: list[list[int]] = []
+    n = 1  # outputs after the prefill's emission
+    while n <= stop_index and len(drafts) < 12:
+        length = draw(st.integers(0, num_spec))
+        target = output[n:n + length]
+        target += [0] * (length - len(target))
+        right = draw(st.integers(0, length))
+        draft = list(target)
+        if right < length:
+            draft[right] = _other_token(draw, target[right], vocab)
+            for j in range(right + 1, length):
+                if draw(st.integers(0, 3)) == 0:
+                    draft[j] = _other_token(draw, target[j], vocab)
+        drafts.append(draft)
+        n += accepted_prefix(draft, output[n:n + length]) + 1
+    return drafts
+
+
+@st.composite
+def streams(draw, config: dict[str, Any] | SearchStrategy | None = None,
+            min_requests: int = 1, max_requests: int = 6, *,
+            vocab_size: int = DEFAULT_VOCAB_SIZE,
+            max_arrival_step: int = 10,
+            min_prompt_len: int = 1,
+            max_prompt_len: int = 24,
+            max_output_len: int = 16,
+            shared_prefixes: bool | str = True,
+            stop_modes: tuple[str, ...] = STOP_MODES,
+            aborts: bool = True,
+            max_abort_delay: int = 20,
+            priorities: bool = True,
+            cache_salts: bool = True,
+            prompt_logprobs: bool = True,
+            resets: bool = True,
+            drafts: bool = True) -> dict[str, Any]:
+    """A valid stream dict: ``{"config": ..., "requests": [...]}``.
+
+    ``config`` is a config dict, a strategy of config dicts, or None for
+    :func:`configs`.  Requests are ``"r0"``, ``"r1"``, ... in arrival order
+    (arrival steps ascend, with ties) over ``0 .. max_arrival_step``.  The
+    knobs switch features on (the strategy then *may* use them) or off:
+
+    * ``vocab_size`` -- token ids are ``0 .. vocab_size - 1``;
+    * ``min_prompt_len``/``max_prompt_len``/``max_output_len`` -- lengths,
+      always cut to what ``max_model_len`` allows;
+    * ``shared_prefixes`` -- prompts built from 1-3 shared prefixes (whole
+      pages and partial pages) or from an earlier request's prompt + output;
+      ``"always"`` draws the prefixes in every stream, ``True`` in some;
+    * ``stop_modes`` -- the subset of :data:`STOP_MODES` each request draws
+      its stop rule from;
+    * ``aborts`` (with ``max_abort_delay``), ``priorities`` (0-2, ties
+      common), ``cache_salts`` (two salts), ``prompt_logprobs``, ``resets``
+      (``reset_prefix_cache_steps``) and ``drafts`` (draft lists when the
+      config has ``num_speculative_tokens > 0``).
+
+    Shrinks towards: the shrunk config, ``min_requests`` requests arriving at
+    step 0, fresh short prompts, the first stop mode in ``stop_modes``, and
+    every optional feature left out.
+    """
+    if config is None:
+        config = draw(configs())
+    elif isinstance(config, SearchStrategy):
+        config = draw(config)
+    else:
+        config = dict(config)
+    if not 1 <= min_requests <= max_requests:
+        raise InvalidArgument("streams(): need 1 <= min_requests <= max_requests")
+    if vocab_size < 2:
+        raise InvalidArgument("streams(): vocab_size must be >= 2")
+    bad = set(stop_modes) - set(STOP_MODES)
+    if bad or not stop_modes:
+        raise InvalidArgument(f"streams(): stop_modes must be a non-empty subset of {STOP_MODES}")
+    num_spec = config.get("num_speculative_tokens", 0)
+    max_model_len = config["max_model_len"]
+    max_len = max(1, min(max_prompt_len, max_model_len - 1))
+    min_len = max(1, min(min_prompt_len, max_len))
+
+    use_prefixes = shared_prefixes == "always" or (shared_prefixes and draw(st.booleans()))
+    prefixes = draw(_prefix_pool(config, vocab_size)) if use_prefixes else []
+    count = draw(st.integers(min_requests, max_requests))
+    arrivals = sorted(draw(st.lists(st.integers(0, max_arrival_step),
+                                    min_size=count, max_size=count)))
+    requests: list[dict[str, Any]] = []
+    for i, arrival in enumerate(arrivals):
+        prompt = _draw_prompt(draw, config, requests, prefixes, vocab_size, min_len, max_len)
+        req: dict[str, Any] = {"id": f"r{i}", "prompt": prompt}
+        if arrival:
+            req["arrival_step"] = arrival
+        req.update(_draw_output(draw, config, len(prompt), vocab_size, stop_modes, max_output_len))
+        if priorities and draw(st.booleans()):
+            req["priority"] = draw(st.integers(0, 2))
+        if aborts and draw(st.integers(0, 3)) == 0:
+            req["abort_step"] = arrival + draw(st.integers(1, max_abort_delay))
+        if cache_salts and draw(st.integers(0, 3)) == 0:
+            req["cache_salt"] = draw(st.sampled_from(["a", "b"]))
+        if prompt_logprobs and draw(st.integers(0, 3)) == 0:
+            req["prompt_logprobs"] = draw(st.integers(0, 2))
+        if drafts and num_spec > 0 and draw(st.integers(0, 4)) > 0:
+            spec = _spec_of(req)
+            req["drafts"] = _draw_drafts(draw, len(prompt), req["output"],
+                                         spec.stop_index(max_model_len), num_spec, vocab_size)
+        requests.append(req)
+
+    data: dict[str, Any] = {"config": config, "requests": requests}
+    if resets and draw(st.integers(0, 3)) == 0:
+        data["reset_prefix_cache_steps"] = sorted(set(
+            draw(st.lists(st.integers(0, max_arrival_step + 20), min_size=1, max_size=3))))
+    return data
+
+
+def _spec_of(req: dict[str, Any]) -> RequestSpec:
+    return RequestSpec(id=req["id"], prompt=tuple(req["prompt"]), output=tuple(req["output"]),
+                       max_tokens=req.get("max_tokens"), eos_token_id=req.get("eos_token_id"),
+                       stop_token_ids=tuple(req.get("stop_token_ids", ())),
+                       ignore_eos=req.get("ignore_eos", False))
+
+
+# ---------------------------------------------------------------------------
+# Area-focused variants
+# ---------------------------------------------------------------------------
+
+def _with(defaults: dict[str, Any], knobs: dict[str, Any]) -> dict[str, Any]:
+    return {**defaults, **knobs}
+
+
+def preemption_streams(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
+    """Streams whose pools are so tight that running requests preempt each other.
+
+    The pool holds one max_model_len request plus 0-2 pages; 2-6 requests
+    arrive within 3 steps and write long outputs; fcfs and priority (with
+    priority ties), prefix caching on and off.  ``knobs`` go to
+    :func:`streams` (``config=`` replaces the config strategy).
+    Shrinks towards: two requests at step 0 in the smallest pool, fcfs.
+    """
+    config = configs(block_size=st.sampled_from([4, 2, 8]), max_model_len=st.integers(12, 40),
+                     spare_blocks=st.integers(0, 2), max_num_seqs=st.integers(2, 6),
+                     num_speculative_tokens=st.one_of(st.just(0), st.just(0), st.integers(1, 3)))
+    return streams(**_with(dict(config=config, min_requests=2, max_requests=6,
+                                max_arrival_step=3, max_output_len=24), knobs))
+
+
+def prefix_cache_streams(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
+    """Streams whose prompts share prefixes, with prefix caching on.
+
+    Prompts come from 1-3 shared prefixes (whole pages and a partial page) or
+    extend an earlier request's prompt + output; some requests carry a
+    ``cache_salt`` or ask for prompt logprobs (no hit then); some streams
+    reset the prefix cache; pools are small enough that cached pages get
+    evicted.  ``knobs`` go to :func:`streams`.
+    Shrinks towards: one request with a shared prefix, the smallest pool.
+    """
+    config = configs(enable_prefix_caching=True, block_size=st.sampled_from([4, 2, 8]),
+                     max_model_len=st.integers(12, 48), spare_blocks=st.integers(0, 6))
+    return streams(**_with(dict(config=config, min_requests=2, shared_prefixes="always",
+                                max_arrival_step=8), knobs))
+
+
+@st.composite
+def _chunked_configs(draw) -> dict[str, Any]:
+    if draw(st.sampled_from([True, False])):  # chunked on, budget under the prompts
+        max_model_len = draw(st.integers(16, 48))
+        return draw(configs(enable_chunked_prefill=True, max_model_len=max_model_len,
+                            max_num_seqs=st.integers(1, 4),
+                            budget=st.integers(1, max(2, max_model_len // 3)),
+                            long_prefill_token_threshold=st.one_of(
+                                st.just(0), st.integers(1, max_model_len // 2))))
+    # Chunked off: a whole prompt per step, so the budget covers max_model_len.
+    return draw(configs(enable_chunked_prefill=False, max_model_len=st.integers(12, 32),
+                        max_num_seqs=st.integers(1, 4),
+                        long_prefill_token_threshold=st.one_of(st.just(0), st.integers(1, 16))))
+
+
+def chunked_prefill_streams(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
+    """Streams with long prompts and budgets smaller than them.
+
+    Half of the configs chunk (budget below a third of max_model_len, a
+    ``long_prefill_token_threshold`` sometimes), half switch chunked prefill
+    off (budget >= max_model_len, whole prompts set aside while they do not
+    fit).  ``knobs`` go to :func:`streams`.
+    Shrinks towards: chunked on, one seat, budget 1, one long prompt.
+    """
+    return streams(**_with(dict(config=_chunked_configs(), min_prompt_len=8,
+                                max_prompt_len=40, max_arrival_step=6), knobs))
+
+
+def spec_decode_streams(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
+    """Streams with speculative decoding: ngram or eagle, 1-4 draft tokens.
+
+    Most requests carry draft lists built from their own future output with
+    some tokens changed (see ``_draw_drafts``); outputs are long enough for
+    several rounds.  ``knobs`` go to :func:`streams`.
+    Shrinks towards: ngram with one draft token, short all-wrong drafts.
+    """
+    config = configs(num_speculative_tokens=st.integers(1, 4),
+                     speculative_method=st.sampled_from(["ngram", "eagle"]),
+                     max_model_len=st.integers(16, 48))
+    return streams(**_with(dict(config=config, drafts=True, max_output_len=24), knobs))
+
+
+def stop_and_abort_streams(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
+    """Streams that exercise every stop rule and aborts in every state.
+
+    Every stop mode of :data:`STOP_MODES` (EOS, stop tokens, max_tokens,
+    max_model_len, ignore_eos, script end); aborts on about a quarter of the
+    requests, soon after arrival, in tight pools with few seats so that
+    waiting, running and preempted requests all get aborted.
+    ``knobs`` go to :func:`streams`.
+    Shrinks towards: one request ending with its script, no abort.
+    """
+    config = configs(max_model_len=st.integers(8, 32), spare_blocks=st.integers(0, 3),
+                     max_num_seqs=st.integers(1, 4))
+    return streams(**_with(dict(config=config, min_requests=1, max_requests=6, aborts=True,
+                                max_abort_delay=8, max_arrival_step=4,
+                                max_output_len=20), knobs))
+
+
+def any_stream(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
+    """Any stream: the general :func:`streams` or one of the focused variants.
+
+    ``knobs`` go to every branch.  Shrinks towards the general
+    :func:`streams` branch (the first one).
+    """
+    return st.one_of(streams(**knobs), preemption_streams(**knobs), prefix_cache_streams(**knobs),
+                     chunked_prefill_streams(**knobs), spec_decode_streams(**knobs),
+                     stop_and_abort_streams(**knobs))

@@ -1,0 +1,131 @@
+"""Unit tests of the reference's block pool and KV cache manager (no vLLM needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from reference.block_pool import BlockPool
+from reference.kv_cache_manager import KVCacheManager
+from reference.request import Request
+
+
+def make_request(rid: str, prompt: list[int], block_size: int = 16, **kw) -> Request:
+    return Request(request_id=rid, prompt_token_ids=prompt, max_tokens=kw.pop("max_tokens", 16),
+                   arrival_time=kw.pop("arrival_time", 0.0), hash_block_size=block_size, **kw)
+
+
+def test_null_block_is_taken_at_start():
+    pool = BlockPool(5, enable_caching=True)
+    assert pool.null_block.block_id == 0
+    assert pool.free_queue.block_ids() == [1, 2, 3, 4]
+
+
+def test_free_queue_head_out_tail_in_middle_cut():
+    pool = BlockPool(6, enable_caching=True)
+    a, b, c = pool.get_new_blocks(3)
+    assert [a.block_id, b.block_id, c.block_id] == [1, 2, 3]
+    pool.free_blocks([c, b, a])
+    assert pool.free_queue.block_ids() == [4, 5, 3, 2, 1]
+    pool.touch([b])  # a hit on a free page cuts it out of the middle
+    assert pool.free_queue.block_ids() == [4, 5, 3, 1]
+    assert b.ref_cnt == 1
+
+
+def test_vllm_test_suite_fact_prefix_hits_and_free_order():
+    """vLLM's own test facts: 11 pages of 16, a 55-token prompt, a request sharing 3 pages."""
+    kv = KVCacheManager(11, 16, max_model_len=1024, enable_caching=True, use_eagle=False)
+    common = list(range(48))
+    a = make_request("A", common + [100 + i for i in range(7)])
+    hit, n = kv.get_computed_blocks(a)
+    assert (hit, n) == ([], 0)
+    blocks = kv.allocate_slots(a, 55, n, hit)
+    assert [b.block_id for b in blocks] == [1, 2, 3, 4]
+    a.num_computed_tokens = 55
+
+    b = make_request("B", common + [200 + i for i in range(5)])
+    hit, n = kv.get_computed_blocks(b)
+    assert [blk.block_id for blk in hit] == [1, 2, 3] and n == 48
+    blocks = kv.allocate_slots(b, 5, n, hit)
+    assert [blk.block_id for blk in blocks] == [5]
+    b.num_computed_tokens = 53
+
+    kv.free(a)
+    kv.free(b)
+    assert kv.pool.free_queue.block_ids() == [6, 7, 8, 9, 10, 4, 5, 3, 2, 1]
+
+
+def test_hit_is_whole_blocks_and_leaves_the_last_token():
+    kv = KVCacheManager(20, 4, max_model_len=256, enable_caching=True, use_eagle=False)
+    a = make_request("A", list(range(8)), block_size=4)
+    kv.allocate_slots(a, 8)
+    twin = make_request("T", list(range(8)), block_size=4)  # same 8 tokens: at most 7 may hit
+    assert kv.get_computed_blocks(twin)[1] == 4
+    longer = make_request("L", list(range(10)), block_size=4)
+    assert kv.get_computed_blocks(longer)[1] == 8
+
+
+def test_eagle_drops_the_last_hit_block():
+    kv = KVCacheManager(20, 4, max_model_len=256, enable_caching=True, use_eagle=True)
+    kv.allocate_slots(make_request("A", list(range(12)), block_size=4), 12)
+    assert kv.get_computed_blocks(make_request("B", list(range(13)), block_size=4))[1] == 8
+
+
+def test_cache_salt_separates_prefixes():
+    kv = KVCacheManager(20, 4, max_model_len=256, enable_caching=True, use_eagle=False)
+    kv.allocate_slots(make_request("A", list(range(9)), block_size=4, cache_salt="x"), 9)
+    assert kv.get_computed_blocks(make_request("B", list(range(9)), block_size=4))[1] == 0
+    assert kv.get_computed_blocks(make_request("C", list(range(9)), block_size=4, cache_salt="x"))[1] == 8
+
+
+def test_prompt_logprobs_get_no_hit():
+    kv = KVCacheManager(20, 4, max_model_len=256, enable_caching=True, use_eagle=False)
+    kv.allocate_slots(make_request("A", list(range(9)), block_size=4), 9)
+    r = make_request("B", list(range(9)), block_size=4, wants_prompt_logprobs=True)
+    assert kv.get_computed_blocks(r)[1] == 0
+
+
+def test_reused_cached_page_loses_its_hash():
+    events = []
+    kv = KVCacheManager(3, 4, max_model_len=256, enable_caching=True, use_eagle=False,
+                        emit=events.append)
+    a = make_request("A", list(range(4)) + [9], block_size=4)
+    kv.allocate_slots(a, 5)
+    kv.free(a)
+    b = make_request("B", [7, 7, 7, 7, 7], block_size=4)
+    kv.allocate_slots(b, 5)  # takes both free pages: page 1 was cached
+    assert [e.block_id for e in events if type(e).__name__ == "CachedBlockEvicted"] == [1]
+    assert kv.get_computed_blocks(make_request("C", list(range(4)) + [1], block_size=4))[1] == 0
+
+
+def test_allocation_refused_when_pool_is_short():
+    kv = KVCacheManager(3, 4, max_model_len=256, enable_caching=False, use_eagle=False)
+    assert kv.allocate_slots(make_request("A", list(range(9)), block_size=4), 9) is None
+    assert kv.pool.num_free_blocks() == 2
+
+
+def test_hits_on_free_pages_count_towards_allocation():
+    kv = KVCacheManager(4, 4, max_model_len=256, enable_caching=True, use_eagle=False)
+    a = make_request("A", list(range(9)), block_size=4)
+    kv.allocate_slots(a, 9)
+    kv.free(a)
+    b = make_request("B", list(range(8)) + [5, 6, 7, 8, 9], block_size=4)
+    hit, n = kv.get_computed_blocks(b)
+    assert n == 8
+    # 13 tokens need 4 pages: 2 hit (both free, so they count) + 2 new = 4 > 3 free
+    assert kv.allocate_slots(b, 5, n, hit) is None
+
+
+def test_reset_prefix_cache_refused_while_pages_are_used():
+    kv = KVCacheManager(6, 4, max_model_len=256, enable_caching=True, use_eagle=False)
+    a = make_request("A", list(range(8)), block_size=4)
+    kv.allocate_slots(a, 8)
+    assert kv.reset_prefix_cache() is False
+    kv.free(a)
+    assert kv.reset_prefix_cache() is True
+    assert kv.get_computed_blocks(make_request("B", list(range(9)), block_size=4))[1] == 0
+
+
+def test_zero_new_tokens_is_an_error():
+    kv = KVCacheManager(6, 4, max_model_len=256, enable_caching=True, use_eagle=False)
+    with pytest.raises(ValueError):
+        kv.allocate_slots(make_request("A", [1], block_size=4), 0)
