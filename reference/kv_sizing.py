@@ -226,7 +226,7 @@ def check_enough_kv_cache_memory(shape: ModelShape, block_size: int, max_model_l
     """
     if shape.num_layers == 0:
         return
-    if available_memory < 0:
+    if available_memory <= 0:
         raise NotEnoughKVCacheMemory("no memory available for KV cache blocks",
                                      needed=min_bytes_for_max_model_len(
                                          shape, block_size, max_model_len, dcp_world_size),

@@ -286,6 +286,8 @@ def test_too_small_budget_raises(vl, md, cd, bs, layers, heads, head, mml, short
     msg = str(vexc.value)
     if budget <= 0:
         assert "No available memory" in msg
+        assert "no memory available" in str(rexc.value)
+        assert rexc.value.estimated_max_len == 0
         return
     m = re.search(r"estimated maximum model length is (\d+)", msg)
     vllm_est = int(m.group(1)) if m else 0
