@@ -241,6 +241,9 @@ def _check_config(c: Config) -> None:
             or not (MODELS_DIR / c.model / "config.json").is_file()):
         raise StreamError(f"config.model: no model config at fixtures/models/{c.model}/config.json")
     # The rules below are the ones vLLM 0.11.0 itself enforces at start-up.
+    limit = json.loads((MODELS_DIR / c.model / "config.json").read_text()).get("max_position_embeddings")
+    if isinstance(limit, int) and c.max_model_len > limit:
+        raise StreamError(f"config.max_model_len: must be <= the model's max_position_embeddings ({limit})")
     if c.max_num_batched_tokens < c.max_num_seqs:
         raise StreamError("config.max_num_batched_tokens: must be >= max_num_seqs (vLLM SchedulerConfig)")
     if not c.enable_chunked_prefill and c.max_num_batched_tokens < c.max_model_len:

@@ -20,6 +20,7 @@ import pytest
 
 from harness.stream import (Config, RequestSpec, Stream, StreamError, canonical_json,
                             load_stream, parse_stream)
+from harness.trace import STEP_FIELDS
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_PATH = ROOT / "docs" / "stream.schema.json"
@@ -730,3 +731,31 @@ def test_bad_input_never_imports_vllm(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.startswith("error: ")
+
+
+# ---------------------------------------------------------------------------
+# The examples in the docs are valid
+# ---------------------------------------------------------------------------
+
+
+def _json_blocks_after(doc: Path, heading: str) -> list:
+    """The ```json code blocks of ``doc`` that come after ``heading``, parsed."""
+    text = doc.read_text().split(heading, 1)[1]
+    return [json.loads(block.split("```", 1)[0]) for block in text.split("```json\n")[1:]]
+
+
+def test_stream_format_examples_are_valid():
+    examples = _json_blocks_after(ROOT / "docs" / "stream-format.md", "\n## Example\n")
+    assert len(examples) == 2
+    for data in examples:
+        parse_stream(data)
+
+
+def test_trace_format_example_matches_its_stream():
+    stream_data, trace = _json_blocks_after(ROOT / "docs" / "trace-format.md", "\n## Example\n")
+    s = parse_stream(stream_data)
+    assert trace["stream"] == s.to_json()
+    assert trace["stream_sha256"] == s.sha256()
+    assert [step["step"] for step in trace["steps"]] == list(range(len(trace["steps"])))
+    for step in trace["steps"]:
+        assert set(step) == {"step", *STEP_FIELDS}
