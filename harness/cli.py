@@ -159,6 +159,11 @@ def cmd_conformance(ns) -> int:
     return conformance_main(examples=ns.examples)
 
 
+def cmd_bench(ns) -> int:
+    from harness.bench import main as bench_main
+    return bench_main(num_blocks=ns.blocks, num_requests=ns.requests)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -201,6 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
     cf = sub.add_parser("conformance", help="the main job: bundled scenarios, a short campaign, the seed table")
     cf.add_argument("--examples", type=int, default=100)
     cf.set_defaults(func=cmd_conformance)
+    b = sub.add_parser("bench", help="step speed: reference vs vLLM on a large pool")
+    b.add_argument("--blocks", type=int, default=1_000_000)
+    b.add_argument("--requests", type=int, default=512)
+    b.set_defaults(func=cmd_bench)
     return p
 
 

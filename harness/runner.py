@@ -4,7 +4,8 @@ At step k: (0) reset the prefix cache if k is listed; (1) abort the requests
 whose ``abort_step == k``; (2) add the requests whose ``arrival_step == k``;
 (3) stop if nothing is unfinished and no arrival is pending, else schedule;
 (4) the scripted model emits; (5) ``update_from_output``; (6) with speculative
-decoding on, every request that emitted gets its next draft list.
+decoding on, every scheduled request gets a draft list: its next scripted one
+if it emitted tokens, an empty one if not.
 """
 
 from __future__ import annotations
@@ -68,12 +69,15 @@ def _loop(engine: Engine, stream: Stream, trace: Trace) -> None:
         emitted = model.sample(scheduled, by_id)
         engine.update(scheduled, emitted)
         if stream.speculative:
+            # Like vLLM's model runner, the proposer answers for every request in
+            # the batch: one that emitted gets its next scripted draft list, one
+            # that emitted nothing (a partial prefill) an empty list.
             drafts = {}
-            for req_id in emitted:
+            for req_id, _ in scheduled.scheduled:
                 queue = drafts_left[req_id]
-                drafts[req_id] = queue.pop(0) if queue else []
+                drafts[req_id] = list(queue.pop(0)) if req_id in emitted and queue else []
             if drafts:
-                engine.set_drafts({k: list(v) for k, v in drafts.items()})
+                engine.set_drafts(drafts)
 
         states = {}
         for req_id in arrived:
