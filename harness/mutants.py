@@ -383,6 +383,7 @@ REFERENCE_MUTANTS = [
 # -- vLLM mutants: an "upgrade" that changed one rule -----------------------------------
 
 def _vllm_patches() -> list[Mutant]:
+    import harness.engines.vllm_adapter  # noqa: F401  (sets vLLM's offline, quiet environment first)
     from vllm.v1.core import single_type_kv_cache_manager as stm
     from vllm.v1.core.block_pool import BlockPool
     from vllm.v1.core.sched import scheduler as vsched
