@@ -68,6 +68,17 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _one_in(draw, n: int) -> bool:
+    """True one time in ``n``; shrinks to False (the feature left out)."""
+    return draw(st.integers(0, n - 1)) == n - 1
+
+
+@st.composite
+def _rarely(draw, rare: SearchStrategy, usual: SearchStrategy, one_in: int = 8) -> Any:
+    """A value of ``rare`` one time in ``one_in``, else of ``usual``; shrinks to ``usual``."""
+    return draw(rare) if _one_in(draw, one_in) else draw(usual)
+
+
 def _value(draw, value: Any) -> Any:
     """An override is either a strategy (drawn from) or a plain value (used as is)."""
     return draw(value) if isinstance(value, SearchStrategy) else value
@@ -87,13 +98,19 @@ def configs(draw, **overrides: Any) -> dict[str, Any]:
     ``num_gpu_blocks`` is at least ``ceil(max_model_len / block_size)`` (and
     2), ``max_num_batched_tokens`` is at least ``max_num_seqs``, and at least
     ``max_model_len`` when chunked prefill is off.  Two extra keywords shape
-    the derived sizes: ``spare_blocks`` (pages beyond the minimum pool; default
-    ``0 .. 2 * minimum``) and ``budget`` (a strategy or value for
-    ``max_num_batched_tokens`` that is raised to the rules' minimum).
+    the derived sizes: ``spare_blocks`` (pages beyond the minimum pool;
+    default ``1 .. 2 * minimum``, and 0 one time in 8) and ``budget`` (a
+    strategy or value for ``max_num_batched_tokens`` that is raised to the
+    rules' minimum).
     Overrides that contradict each other raise ``InvalidArgument``.
 
+    The minimum pool is legal but holds one page less than a max_model_len
+    request needs (page 0 is the null page), so a request that grows that far
+    alone can never be scheduled again and the run ends at ``max_steps``, in
+    vLLM as in the reference; hence the minimum is drawn only now and then.
+
     Shrinks towards: block_size 4, max_model_len 8, chunked prefill and prefix
-    caching on, 1 seat, the smallest legal budget, the smallest legal pool, no
+    caching on, 1 seat, the smallest legal budget, one spare page, no
     long-prefill threshold, fcfs, no speculative decoding, ngram.
     """
     unknown = set(overrides) - _CONFIG_FIELDS - {"spare_blocks", "budget"}
@@ -120,7 +137,7 @@ def configs(draw, **overrides: Any) -> dict[str, Any]:
         num_blocks = _value(draw, overrides["num_gpu_blocks"])
     else:
         spare = (_value(draw, overrides["spare_blocks"]) if "spare_blocks" in overrides
-                 else draw(st.integers(0, 2 * min_blocks)))
+                 else draw(_rarely(st.just(0), st.integers(1, 2 * min_blocks))))
         num_blocks = min_blocks + spare
     threshold = pick("long_prefill_token_threshold",
                      st.one_of(st.just(0), st.integers(1, max_model_len)))
@@ -160,9 +177,16 @@ def _check_config_dict(config: dict[str, Any]) -> None:
 # ---------------------------------------------------------------------------
 
 def _tokens(draw, n: int, vocab: int, avoid: frozenset[int] = frozenset()) -> list[int]:
-    """``n`` tokens from the alphabet minus ``avoid`` (shrink towards the smallest allowed)."""
+    """``n`` tokens from the alphabet minus ``avoid``.
+
+    Drawn as ``n`` bytes in one draw (a token per draw makes generation several
+    times slower); shrinks like bytes do, towards the smallest allowed token.
+    """
+    if n <= 0:
+        return []
     allowed = [t for t in range(vocab) if t not in avoid]
-    return draw(st.lists(st.sampled_from(allowed), min_size=n, max_size=n))
+    raw = draw(st.binary(min_size=n, max_size=n))
+    return [allowed[b % len(allowed)] for b in raw]
 
 
 def _other_token(draw, token: int, vocab: int) -> int:
@@ -223,25 +247,30 @@ def _draw_output(draw, config: dict[str, Any], prompt_len: int, vocab: int,
     fields: dict[str, Any] = {}
     eos = draw(st.one_of(st.none(), st.integers(0, vocab - 1)))
     stops = draw(st.lists(st.integers(0, vocab - 1), max_size=2, unique=True))
-    if mode == "eos" and eos is None:
+    if mode in ("eos", "ignore_eos") and eos is None:
         eos = draw(st.integers(0, vocab - 1))
     if mode == "stop_token" and not stops:
         stops = [draw(st.integers(0, vocab - 1))]
-    if mode == "ignore_eos" and eos is None:
-        eos = draw(st.integers(0, vocab - 1))
+    if mode in ("eos", "ignore_eos"):
+        stops = [t for t in stops if t != eos]  # EOS itself must fire, or be ignored
+    if mode == "stop_token" and eos in stops:
+        eos = None  # the stop token, not EOS, must fire
     ignore_eos = mode == "ignore_eos"
-    avoid = set(stops)
-    if eos is not None and not ignore_eos:
-        avoid.add(eos)
+    # Tokens that stop the request; at least one token must stop nothing, to
+    # write the script before the stop with (only a tiny vocab_size needs this).
+    avoid = set(stops) | ({eos} if eos is not None and not ignore_eos else set())
+    if len(avoid) >= vocab:
+        if mode == "stop_token":
+            eos = None
+            stops = stops[:1]
+        else:
+            stops = []
+        avoid = set(stops) | ({eos} if eos is not None and not ignore_eos else set())
     avoid_fs = frozenset(avoid)
-    if len(avoid_fs) >= vocab:  # nothing left to write: drop the stop tokens
-        stops, avoid_fs = [], frozenset({eos} if eos is not None and not ignore_eos else ())
 
     if mode in ("eos", "stop_token"):
         k = draw(st.integers(0, min(cap, room - 1) - 1))  # the stop token's index
         stop = eos if mode == "eos" else draw(st.sampled_from(stops))
-        if mode == "stop_token" and not ignore_eos and eos == stop:
-            eos = None  # let the stop token, not EOS, be the rule that fires
         output = _tokens(draw, k, vocab, avoid_fs) + [stop]
         output += _tokens(draw, draw(st.integers(0, 3)), vocab)
         if draw(st.booleans()):
@@ -252,7 +281,8 @@ def _draw_output(draw, config: dict[str, Any], prompt_len: int, vocab: int,
         output[:m] = _tokens(draw, m, vocab, avoid_fs)
         fields["max_tokens"] = m
     elif mode == "max_model_len":
-        output = _tokens(draw, room, vocab, avoid_fs) + _tokens(draw, draw(st.integers(1, 3)), vocab)
+        output = _tokens(draw, room, vocab, avoid_fs)
+        output += _tokens(draw, draw(st.integers(1, 3)), vocab)  # never reached
         if draw(st.booleans()):
             fields["max_tokens"] = room + draw(st.integers(1, 8))
     elif mode == "ignore_eos":
@@ -275,8 +305,8 @@ def _draw_output(draw, config: dict[str, Any], prompt_len: int, vocab: int,
     return fields
 
 
-def _draw_drafts(draw, prompt_len: int, output: list[int], stop_index: int,
-                 num_spec: int, vocab: int) -> list[list[int]]:
+def _draw_drafts(draw, output: list[int], stop_index: int, num_spec: int,
+                 vocab: int) -> list[list[int]]:
     """Draft lists taken from the request's own future output, partly changed.
 
     The runner hands a request its next draft list each time it emits.  The
@@ -299,7 +329,7 @@ def _draw_drafts(draw, prompt_len: int, output: list[int], stop_index: int,
         if right < length:
             draft[right] = _other_token(draw, target[right], vocab)
             for j in range(right + 1, length):
-                if draw(st.integers(0, 3)) == 0:
+                if _one_in(draw, 4):
                     draft[j] = _other_token(draw, target[j], vocab)
         drafts.append(draft)
         n += accepted_prefix(draft, output[n:n + length]) + 1
@@ -317,6 +347,7 @@ def streams(draw, config: dict[str, Any] | SearchStrategy | None = None,
             shared_prefixes: bool | str = True,
             stop_modes: tuple[str, ...] = STOP_MODES,
             aborts: bool = True,
+            abort_one_in: int = 4,
             max_abort_delay: int = 20,
             priorities: bool = True,
             cache_salts: bool = True,
@@ -338,8 +369,9 @@ def streams(draw, config: dict[str, Any] | SearchStrategy | None = None,
       ``"always"`` draws the prefixes in every stream, ``True`` in some;
     * ``stop_modes`` -- the subset of :data:`STOP_MODES` each request draws
       its stop rule from;
-    * ``aborts`` (with ``max_abort_delay``), ``priorities`` (0-2, ties
-      common), ``cache_salts`` (two salts), ``prompt_logprobs``, ``resets``
+    * ``aborts`` (one request in ``abort_one_in`` gets an ``abort_step``
+      1 .. ``max_abort_delay`` steps after its arrival), ``priorities``
+      (0-2, ties common), ``cache_salts`` (two salts), ``prompt_logprobs``, ``resets``
       (``reset_prefix_cache_steps``) and ``drafts`` (draft lists when the
       config has ``num_speculative_tokens > 0``).
 
@@ -379,20 +411,20 @@ def streams(draw, config: dict[str, Any] | SearchStrategy | None = None,
         req.update(_draw_output(draw, config, len(prompt), vocab_size, stop_modes, max_output_len))
         if priorities and draw(st.booleans()):
             req["priority"] = draw(st.integers(0, 2))
-        if aborts and draw(st.integers(0, 3)) == 0:
+        if aborts and _one_in(draw, abort_one_in):
             req["abort_step"] = arrival + draw(st.integers(1, max_abort_delay))
-        if cache_salts and draw(st.integers(0, 3)) == 0:
+        if cache_salts and _one_in(draw, 4):
             req["cache_salt"] = draw(st.sampled_from(["a", "b"]))
-        if prompt_logprobs and draw(st.integers(0, 3)) == 0:
+        if prompt_logprobs and _one_in(draw, 4):
             req["prompt_logprobs"] = draw(st.integers(0, 2))
         if drafts and num_spec > 0 and draw(st.integers(0, 4)) > 0:
             spec = _spec_of(req)
-            req["drafts"] = _draw_drafts(draw, len(prompt), req["output"],
-                                         spec.stop_index(max_model_len), num_spec, vocab_size)
+            req["drafts"] = _draw_drafts(draw, req["output"], spec.stop_index(max_model_len),
+                                         num_spec, vocab_size)
         requests.append(req)
 
     data: dict[str, Any] = {"config": config, "requests": requests}
-    if resets and draw(st.integers(0, 3)) == 0:
+    if resets and _one_in(draw, 4):
         data["reset_prefix_cache_steps"] = sorted(set(
             draw(st.lists(st.integers(0, max_arrival_step + 20), min_size=1, max_size=3))))
     return data
@@ -413,19 +445,25 @@ def _with(defaults: dict[str, Any], knobs: dict[str, Any]) -> dict[str, Any]:
     return {**defaults, **knobs}
 
 
+def _preemption_configs() -> SearchStrategy[dict[str, Any]]:
+    """One max_model_len request's pages plus 1-2 spare (0 one time in 8), 2-6 seats."""
+    return configs(block_size=st.sampled_from([4, 2, 8]), max_model_len=st.integers(12, 40),
+                   spare_blocks=_rarely(st.just(0), st.integers(1, 2)),
+                   max_num_seqs=st.integers(2, 6),
+                   num_speculative_tokens=_rarely(st.integers(1, 3), st.just(0), one_in=3))
+
+
 def preemption_streams(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
     """Streams whose pools are so tight that running requests preempt each other.
 
-    The pool holds one max_model_len request plus 0-2 pages; 2-6 requests
-    arrive within 3 steps and write long outputs; fcfs and priority (with
-    priority ties), prefix caching on and off.  ``knobs`` go to
-    :func:`streams` (``config=`` replaces the config strategy).
-    Shrinks towards: two requests at step 0 in the smallest pool, fcfs.
+    The pool holds one max_model_len request plus 1-2 pages (0 now and then);
+    2-6 requests arrive within 3 steps and write long outputs; fcfs and
+    priority (with priority ties), prefix caching on and off, drafts in a
+    third of the streams.  ``knobs`` go to :func:`streams` (``config=``
+    replaces the config strategy).
+    Shrinks towards: two requests at step 0, one spare page, fcfs.
     """
-    config = configs(block_size=st.sampled_from([4, 2, 8]), max_model_len=st.integers(12, 40),
-                     spare_blocks=st.integers(0, 2), max_num_seqs=st.integers(2, 6),
-                     num_speculative_tokens=st.one_of(st.just(0), st.just(0), st.integers(1, 3)))
-    return streams(**_with(dict(config=config, min_requests=2, max_requests=6,
+    return streams(**_with(dict(config=_preemption_configs(), min_requests=2, max_requests=6,
                                 max_arrival_step=3, max_output_len=24), knobs))
 
 
@@ -437,10 +475,11 @@ def prefix_cache_streams(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
     ``cache_salt`` or ask for prompt logprobs (no hit then); some streams
     reset the prefix cache; pools are small enough that cached pages get
     evicted.  ``knobs`` go to :func:`streams`.
-    Shrinks towards: one request with a shared prefix, the smallest pool.
+    Shrinks towards: two requests, fresh prompts, one spare page.
     """
     config = configs(enable_prefix_caching=True, block_size=st.sampled_from([4, 2, 8]),
-                     max_model_len=st.integers(12, 48), spare_blocks=st.integers(0, 6))
+                     max_model_len=st.integers(12, 48),
+                     spare_blocks=_rarely(st.just(0), st.integers(1, 6)))
     return streams(**_with(dict(config=config, min_requests=2, shared_prefixes="always",
                                 max_arrival_step=8), knobs))
 
@@ -491,16 +530,20 @@ def stop_and_abort_streams(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
     """Streams that exercise every stop rule and aborts in every state.
 
     Every stop mode of :data:`STOP_MODES` (EOS, stop tokens, max_tokens,
-    max_model_len, ignore_eos, script end); aborts on about a quarter of the
-    requests, soon after arrival, in tight pools with few seats so that
-    waiting, running and preempted requests all get aborted.
+    max_model_len, ignore_eos, script end); aborts on about half of the
+    requests, 1-12 steps after arrival, with few seats or (half the time) the
+    tight pools of :func:`preemption_streams`, so that waiting, running and
+    preempted requests all get aborted.
     ``knobs`` go to :func:`streams`.
     Shrinks towards: one request ending with its script, no abort.
     """
-    config = configs(max_model_len=st.integers(8, 32), spare_blocks=st.integers(0, 3),
-                     max_num_seqs=st.integers(1, 4))
+    config = st.one_of(
+        configs(max_model_len=st.integers(8, 32),
+                spare_blocks=_rarely(st.just(0), st.integers(1, 3)),
+                max_num_seqs=st.integers(1, 4)),
+        _preemption_configs())
     return streams(**_with(dict(config=config, min_requests=1, max_requests=6, aborts=True,
-                                max_abort_delay=8, max_arrival_step=4,
+                                abort_one_in=2, max_abort_delay=12, max_arrival_step=4,
                                 max_output_len=20), knobs))
 
 
@@ -510,6 +553,6 @@ def any_stream(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
     ``knobs`` go to every branch.  Shrinks towards the general
     :func:`streams` branch (the first one).
     """
-    return st.one_of(streams(**knobs), preemption_streams(**knobs), prefix_cache_streams(**knobs),
-                     chunked_prefill_streams(**knobs), spec_decode_streams(**knobs),
-                     stop_and_abort_streams(**knobs))
+    return st.one_of(streams(**knobs), preemption_streams(**knobs),
+                     prefix_cache_streams(**knobs), chunked_prefill_streams(**knobs),
+                     spec_decode_streams(**knobs), stop_and_abort_streams(**knobs))

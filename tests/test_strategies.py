@@ -1,0 +1,237 @@
+"""The stream strategies of harness/strategies.py: always valid, and able to reach every rule.
+
+Two kinds of tests, as Hypothesis tests its own strategies:
+
+* validity -- many examples of every strategy parse with ``parse_stream``,
+  are plain JSON, and no health check fires;
+* quality -- each strategy *can* produce a stream that makes the scheduler
+  preempt, evict, hit the prefix cache after a preemption, reject drafts,
+  abort requests in every state, chunk a prefill and stop by every rule.
+  Whether a rule was reached is read off a run of the clean-room reference
+  (fast, no vLLM); these tests do not judge whether the reference is right.
+
+Nothing here needs vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+import pytest
+from hypothesis import Phase, find, given, settings
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+
+from harness import strategies as S
+from harness.engines.reference_engine import ReferenceEngine
+from harness.runner import run
+from harness.stream import Config, Stream, parse_stream
+from harness.trace import Trace
+
+STRATEGIES: dict[str, Callable[[], st.SearchStrategy]] = {
+    "streams": S.streams,
+    "preemption_streams": S.preemption_streams,
+    "prefix_cache_streams": S.prefix_cache_streams,
+    "chunked_prefill_streams": S.chunked_prefill_streams,
+    "spec_decode_streams": S.spec_decode_streams,
+    "stop_and_abort_streams": S.stop_and_abort_streams,
+    "any_stream": S.any_stream,
+}
+
+# Explicit settings: the conftest profiles suppress some health checks; these
+# tests must show that the strategies pass all of them.
+VALIDITY = settings(max_examples=80, deadline=None, database=None, suppress_health_check=())
+# Quality: generate only (no shrinking of the stream found), stop at the first hit.
+QUALITY = settings(max_examples=1500, deadline=None, database=None, phases=[Phase.generate])
+
+
+# ---------------------------------------------------------------------------
+# Validity
+# ---------------------------------------------------------------------------
+
+def check_stream_dict(data: dict[str, Any]) -> Stream:
+    """Every property a generated stream dict must have; returns the parsed stream."""
+    assert json.loads(json.dumps(data)) == data, "not plain JSON"
+    stream = parse_stream(data)
+    ids = [r["id"] for r in data["requests"]]
+    assert ids == [f"r{i}" for i in range(len(ids))]
+    arrivals = [r.arrival_step for r in stream.requests]
+    assert arrivals == sorted(arrivals) and arrivals[-1] <= 10
+    for r in stream.requests:
+        tokens = [*r.prompt, *r.output, *r.stop_token_ids, *(t for d in r.drafts for t in d)]
+        assert all(0 <= t < S.DEFAULT_VOCAB_SIZE for t in tokens)
+        if r.eos_token_id is not None:
+            assert r.eos_token_id < S.DEFAULT_VOCAB_SIZE
+    assert stream.config.max_steps == S.DEFAULT_MAX_STEPS
+    assert stream.config.block_size in (2, 4, 8, 16)
+    return stream
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+@VALIDITY
+@given(data=st.data())
+def test_strategy_generates_valid_streams(name, data):
+    check_stream_dict(data.draw(STRATEGIES[name](), label=name))
+
+
+@VALIDITY
+@given(config=S.configs())
+def test_configs_are_valid(config):
+    parse_stream({"config": config, "requests": [{"id": "a", "prompt": [1], "output": [2],
+                                                  "max_tokens": 1}]})
+    assert set(config) == set(Config.__dataclass_fields__)
+
+
+@settings(VALIDITY, max_examples=30)
+@given(config=S.configs(block_size=8, policy="priority", max_model_len=st.integers(40, 48),
+                        enable_chunked_prefill=False))
+def test_config_overrides_are_used_as_given(config):
+    assert config["block_size"] == 8 and config["policy"] == "priority"
+    assert 40 <= config["max_model_len"] <= 48
+    assert config["max_num_batched_tokens"] >= config["max_model_len"]  # chunked off
+    assert config["num_gpu_blocks"] >= -(-config["max_model_len"] // 8)
+
+
+def test_contradictory_config_overrides_are_rejected():
+    @settings(max_examples=5, database=None)
+    @given(S.configs(enable_chunked_prefill=False, max_model_len=32, max_num_batched_tokens=8))
+    def draw_one(config):
+        pass
+
+    with pytest.raises(InvalidArgument, match="max_num_batched_tokens"):
+        draw_one()
+    with pytest.raises(InvalidArgument, match="unknown field"):
+        given(S.configs(blocksize=4))(lambda c: None)()
+
+
+@settings(VALIDITY, max_examples=40)
+@given(data=S.streams(config=S.configs(num_speculative_tokens=2), shared_prefixes=False,
+                      stop_modes=("script_end",), aborts=False, priorities=False,
+                      cache_salts=False, prompt_logprobs=False, resets=False, drafts=False))
+def test_knobs_switch_features_off(data):
+    check_stream_dict(data)
+    assert "reset_prefix_cache_steps" not in data
+    for r in data["requests"]:
+        assert set(r) <= {"id", "prompt", "output", "arrival_step", "eos_token_id",
+                          "stop_token_ids"}
+
+
+@settings(VALIDITY, max_examples=40)
+@given(data=S.spec_decode_streams())
+def test_drafts_fit_num_speculative_tokens(data):
+    stream = check_stream_dict(data)
+    k = stream.config.num_speculative_tokens
+    assert 1 <= k <= 4
+    assert all(len(d) <= k for r in stream.requests for d in r.drafts)
+
+
+# ---------------------------------------------------------------------------
+# Quality: which rules a stream reaches, read off a reference run
+# ---------------------------------------------------------------------------
+
+def reference_trace(data: dict[str, Any]) -> tuple[Stream, Trace]:
+    stream = parse_stream(data)
+    return stream, run(ReferenceEngine(), stream)
+
+
+def rules_reached(data: dict[str, Any]) -> set[str]:
+    """Names of the scheduler rules that the reference's run of ``data`` reached."""
+    stream, trace = reference_trace(data)
+    config, by_id = stream.config, {r.id: r for r in stream.requests}
+    reached: set[str] = set()
+    preempted_at: dict[str, int] = {}  # first step each request was preempted
+    final: dict[str, str] = {}
+    records = {rec["step"]: rec for rec in trace.steps}
+    for rec in trace.steps:
+        step = rec["step"]
+        if rec["preempted"]:
+            reached.add(f"preempt_{config.policy}")
+        if rec["evicted"]:
+            reached.add("evict")
+        for rid, hit in rec["prefix_hit_tokens"].items():
+            if hit > 0 and preempted_at.get(rid, step) < step:
+                reached.add("prefix_hit_after_preemption")
+        for rid, drafts in rec["spec_tokens"].items():
+            emitted = rec["emitted"].get(rid)
+            # A rejection: fewer than all drafts + 1 bonus token, and a mismatch.
+            if drafts and emitted is not None and len(emitted) <= len(drafts) \
+                    and emitted != drafts[:len(emitted)]:
+                reached.add("draft_rejection")
+        for rid, n in rec["scheduled"]:
+            if rid not in preempted_at and rec["computed_before"][rid] + n < len(by_id[rid].prompt):
+                reached.add("chunked_prefill")
+        for rid in rec["preempted"]:
+            preempted_at.setdefault(rid, step)
+        final.update(rec["status"])
+    for r in stream.requests:
+        if r.abort_step is not None:
+            before, at = records.get(r.abort_step - 1), records.get(r.abort_step)
+            if before and at and r.id in before["status"] \
+                    and at["status"].get(r.id) == "FINISHED_ABORTED":
+                reached.add(f"abort_{before['status'][r.id].lower()}")
+        stop = r.output[r.stop_index(config.max_model_len)]
+        if final.get(r.id) == "FINISHED_STOPPED":
+            if not r.ignore_eos and stop == r.eos_token_id and stop not in r.stop_token_ids:
+                reached.add("eos_stop")
+            if stop in r.stop_token_ids and (r.ignore_eos or stop != r.eos_token_id):
+                reached.add("stop_token_stop")
+        if final.get(r.id) == "FINISHED_LENGTH_CAPPED":
+            room = config.max_model_len - len(r.prompt)
+            if r.effective_max_tokens > room and r.stop_index(config.max_model_len) == room - 1:
+                reached.add("max_model_len_stop")
+    return reached
+
+
+# (rule, strategy that is meant to reach it)
+QUALITY_CASES = [
+    ("preempt_fcfs", "preemption_streams"),
+    ("preempt_priority", "preemption_streams"),
+    ("evict", "prefix_cache_streams"),
+    ("prefix_hit_after_preemption", "preemption_streams"),
+    ("draft_rejection", "spec_decode_streams"),
+    ("abort_waiting", "stop_and_abort_streams"),
+    ("abort_running", "stop_and_abort_streams"),
+    ("abort_preempted", "stop_and_abort_streams"),
+    ("chunked_prefill", "chunked_prefill_streams"),
+    ("eos_stop", "stop_and_abort_streams"),
+    ("stop_token_stop", "stop_and_abort_streams"),
+    ("max_model_len_stop", "stop_and_abort_streams"),
+]
+ALL_RULES = {rule for rule, _ in QUALITY_CASES}
+
+
+@pytest.mark.parametrize("rule,name", QUALITY_CASES, ids=[r for r, _ in QUALITY_CASES])
+def test_strategy_reaches_rule(rule, name):
+    found = find(STRATEGIES[name](), lambda data: rule in rules_reached(data), settings=QUALITY)
+    check_stream_dict(found)
+
+
+def test_any_stream_reaches_every_rule():
+    seen: set[str] = set()
+
+    def all_seen(data: dict[str, Any]) -> bool:
+        seen.update(rules_reached(data))
+        return ALL_RULES <= seen
+
+    try:
+        find(S.any_stream(), all_seen, settings=settings(QUALITY, max_examples=4000))
+    except Exception:
+        pytest.fail(f"any_stream never reached: {sorted(ALL_RULES - seen)}")
+
+
+def test_prefix_streams_share_first_pages_often():
+    """Prefix streams are built from shared prefixes: many share a whole first page."""
+    shared: list[bool] = []
+
+    @settings(VALIDITY, max_examples=100)
+    @given(data=S.prefix_cache_streams())
+    def collect(data):
+        stream = check_stream_dict(data)
+        assert stream.config.enable_prefix_caching
+        bs = stream.config.block_size
+        firsts = [r.prompt[:bs] for r in stream.requests if len(r.prompt) >= bs]
+        shared.append(len(firsts) > len(set(firsts)))
+
+    collect()
+    assert sum(shared) >= len(shared) // 3, f"{sum(shared)} of {len(shared)} share a first page"
