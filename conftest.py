@@ -2,8 +2,8 @@
 
 Profiles (select with ``--hypothesis-profile NAME``):
 
-* ``ci``      -- the default under ``CI=true``: derandomized, a fixed number of
-                 examples per property, so ``pytest -k conformance`` fits in CI.
+* ``ci``      -- the default under ``CI=true``: derandomized, 250 streams per
+                 property (1,500 in all), so ``pytest -k conformance`` fits in CI.
 * ``dev``     -- the default locally: fewer examples, random seeds.
 * ``nightly`` -- tens of thousands of streams, random, with the example
                  database so a failure found once is replayed first next time.
@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, Phase, settings
 
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 
-settings.register_profile("ci", max_examples=100, derandomize=True, deadline=None,
+settings.register_profile("ci", max_examples=250, derandomize=True, deadline=None,
                           database=None, suppress_health_check=_SLOW_OK, print_blob=True)
-settings.register_profile("dev", max_examples=30, deadline=None,
+settings.register_profile("dev", max_examples=50, deadline=None,
                           suppress_health_check=_SLOW_OK, print_blob=True)
 settings.register_profile("nightly", max_examples=5000, deadline=None, derandomize=False,
                           suppress_health_check=_SLOW_OK, print_blob=True,
