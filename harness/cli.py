@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from harness.stream import Stream, StreamError, canonical_json, load_stream
+from harness.stream import Stream, StreamError, load_stream
 
 EXIT_OK, EXIT_DIFF, EXIT_BAD_INPUT = 0, 1, 2
 FAILURES_DIR = Path("counterexamples")
@@ -151,7 +151,7 @@ def cmd_fuzz(ns) -> int:
 
 def cmd_mutants(ns) -> int:
     from harness.mutants import main as mutants_main
-    return mutants_main(budget=ns.budget, names=ns.only)
+    return mutants_main(budget=ns.budget, names=ns.only, show_reports=ns.reports)
 
 
 def cmd_conformance(ns) -> int:
@@ -201,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("mutants", help="check that every mutant of the reference is killed")
     m.add_argument("--budget", type=float, default=None, help="seconds per mutant")
     m.add_argument("--only", nargs="*", default=None)
+    m.add_argument("--reports", action="store_true", help="print each killed mutant's divergence report")
     m.set_defaults(func=cmd_mutants)
 
     cf = sub.add_parser("conformance", help="the main job: bundled scenarios, a short campaign, the seed table")

@@ -32,6 +32,14 @@ class Divergent(AssertionError):
     """The reference and vLLM disagree on a stream."""
 
 
+class KnownDivergent(Divergent):
+    """A divergence that harness.known names and explains."""
+
+    def __init__(self, message: str, known):
+        super().__init__(message)
+        self.known = known
+
+
 def compare(stream: Stream, reference=None, vllm=None):
     """(divergence or None, vLLM trace, reference trace)."""
     from harness.diff import first_divergence
@@ -63,8 +71,13 @@ def assert_conforms(data: dict[str, Any], label: str = "counterexample", referen
     text = report(left, right, d) if d else "\n".join(
         f"ENGINE FAILURE ({t['engine']}) at step {t['failure']['step']}: {t['failure']['message']}"
         for t in failures)
-    raise Divergent(f"{text}\n\n{len(stream.requests)} request(s); stream written to {path}\n"
-                    f"replay: python -m harness check {path}")
+    message = (f"{text}\n\n{len(stream.requests)} request(s); stream written to {path}\n"
+               f"replay: python -m harness check {path}")
+    from harness import known
+    match = None if known.strict() else known.matching(left["vllm_version"], left["stream"])
+    if match is not None:
+        raise KnownDivergent(f"known divergence {match.name}: {match.reason}\n{message}", match)
+    raise Divergent(message)
 
 
 class Stats:

@@ -180,9 +180,7 @@ def _break_on_zero(self, plan):
     index = 0
     while index < len(self.running) and plan.token_budget > 0:
         request = self.running[index]
-        num_new = self.cap_long_prefill(request.num_tokens_with_spec - request.num_computed_tokens)
-        num_new = min(num_new, plan.token_budget)
-        num_new = min(num_new, self.config.max_model_len - 1 - request.num_computed_tokens)
+        num_new = self.running_tokens(request, plan.token_budget)
         if num_new == 0:
             break
         new_blocks = self._allocate_or_preempt(request, num_new, plan)
@@ -194,23 +192,10 @@ def _break_on_zero(self, plan):
         self._schedule_drafts(request, num_new, plan)
 
 
-def _threshold_after_budget(self, plan):
-    index = 0
-    while index < len(self.running) and plan.token_budget > 0:
-        request = self.running[index]
-        num_new = min(request.num_tokens_with_spec - request.num_computed_tokens, plan.token_budget)
-        num_new = self.cap_long_prefill(num_new)
-        num_new = min(num_new, self.config.max_model_len - 1 - request.num_computed_tokens)
-        if num_new == 0:
-            index += 1
-            continue
-        new_blocks = self._allocate_or_preempt(request, num_new, plan)
-        if new_blocks is None:
-            break
-        plan.running.append(request)
-        plan.grant(request, num_new, [b.block_id for b in new_blocks])
-        index += 1
-        self._schedule_drafts(request, num_new, plan)
+def _threshold_after_budget(self, request, budget):
+    num_new = min(request.num_tokens_with_spec - request.num_computed_tokens, budget)
+    num_new = self.cap_long_prefill(num_new)
+    return min(num_new, self.config.max_model_len - 1 - request.num_computed_tokens)
 
 
 def _waiting_without_threshold(self, plan):
@@ -218,23 +203,10 @@ def _waiting_without_threshold(self, plan):
         _ORIG_WAITING(self, plan)
 
 
-def _model_len_off_by_one(self, plan):
-    index = 0
-    while index < len(self.running) and plan.token_budget > 0:
-        request = self.running[index]
-        num_new = self.cap_long_prefill(request.num_tokens_with_spec - request.num_computed_tokens)
-        num_new = min(num_new, plan.token_budget)
-        num_new = min(num_new, self.config.max_model_len - request.num_computed_tokens)
-        if num_new == 0:
-            index += 1
-            continue
-        new_blocks = self._allocate_or_preempt(request, num_new, plan)
-        if new_blocks is None:
-            break
-        plan.running.append(request)
-        plan.grant(request, num_new, [b.block_id for b in new_blocks])
-        index += 1
-        self._schedule_drafts(request, num_new, plan)
+def _model_len_off_by_one(self, request, budget):
+    num_new = self.cap_long_prefill(request.num_tokens_with_spec - request.num_computed_tokens)
+    num_new = min(num_new, budget)
+    return min(num_new, self.config.max_model_len - request.num_computed_tokens)
 
 
 def _no_draft_trim(self, request, num_new, plan):
@@ -314,7 +286,6 @@ class _Seats:
 
 _ORIG_PICK = rsched.Scheduler._pick_victim
 _ORIG_POOL_INIT = rbp.BlockPool.__init__
-_ORIG_RUNNING = rsched.Scheduler._schedule_running
 _ORIG_WAITING = rsched.Scheduler._schedule_waiting
 _ORIG_UPDATE = rsched.Scheduler.update_from_output
 _ORIG_PREEMPT = rsched.Scheduler._preempt
@@ -363,13 +334,13 @@ REFERENCE_MUTANTS = [
                       "compute (it holds num_tokens - 1 computed, and num_tokens < max_model_len); "
                       "0 needs async scheduling, pipeline parallelism or encoder budgets"),
     Mutant("threshold_after_budget", "long-prefill threshold applies before the budget", S,
-           _replace(rsched.Scheduler, "_schedule_running", _threshold_after_budget),
+           _replace(rsched.Scheduler, "running_tokens", _threshold_after_budget),
            equivalent="a positive threshold caps like min(n, threshold), and min commutes with "
                       "the budget's min: both orders give the same count"),
     Mutant("threshold_ignored_when_waiting", "the long-prefill threshold caps waiting requests too", S,
            _replace(rsched.Scheduler, "_schedule_waiting", _waiting_without_threshold)),
     Mutant("model_len_cap_off_by_one", "tokens are capped at max_model_len - 1 - computed", S,
-           _replace(rsched.Scheduler, "_schedule_running", _model_len_off_by_one)),
+           _replace(rsched.Scheduler, "running_tokens", _model_len_off_by_one)),
     Mutant("resumed_prompt_only", "a resumed request recomputes prompt and outputs", S,
            _replace(rreq.Request, "num_tokens",
                     property(lambda r: len(r.all_token_ids) if r.status != RequestStatus.PREEMPTED
@@ -451,6 +422,7 @@ class Result:
     shrunk_steps: int | None
     by: str  # which property killed it
     seconds: float
+    report: str = ""  # the divergence report on the shrunk stream
 
 
 def hunt(mutant: Mutant, max_examples: int = 200, budget: float | None = None,
@@ -475,6 +447,7 @@ def hunt(mutant: Mutant, max_examples: int = 200, budget: float | None = None,
             break
         first_failure: list[int] = []
         last_failing: list[dict] = []
+        last_report: list[str] = []
 
         phases = [Phase.explicit, Phase.generate] + ([Phase.shrink] if shrink else [])
 
@@ -487,10 +460,11 @@ def hunt(mutant: Mutant, max_examples: int = 200, budget: float | None = None,
             try:
                 with mutant.patch():
                     assert_conforms(data, label=f"mutant-{mutant.name}", reference=ref, vllm=vllm)
-            except Divergent:
+            except Divergent as exc:
                 if not first_failure:
                     first_failure.append(seen)
                 last_failing[:] = [data]
+                last_report[:] = [str(exc)]
                 raise
 
         try:
@@ -501,7 +475,7 @@ def hunt(mutant: Mutant, max_examples: int = 200, budget: float | None = None,
                 from harness.runner import run
                 steps = len(run(vllm, parse_stream(data)).steps)
             return Result(mutant, True, first_failure[0], len(data["requests"]), steps, label,
-                          time.monotonic() - started)
+                          time.monotonic() - started, last_report[0])
     return Result(mutant, False, seen, None, None, "-", time.monotonic() - started)
 
 
@@ -519,7 +493,8 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
-def main(budget: float | None = None, names: list[str] | None = None) -> int:
+def main(budget: float | None = None, names: list[str] | None = None,
+         show_reports: bool = False) -> int:
     import sys
     mutants = [m for m in catalogue() if not names or m.name in names]
     if names and len(mutants) != len(set(names)):
@@ -537,6 +512,10 @@ def main(budget: float | None = None, names: list[str] | None = None) -> int:
         print(f"{m.name}: {'killed' if r.killed else 'SURVIVED'} after {r.examples} stream(s) "
               f"({r.seconds:.1f} s)", file=sys.stderr)
     print(table(results))
+    if show_reports:
+        for r in results:
+            if r.report:
+                print(f"\n### {r.mutant.name}\n\n{r.report}")
     survivors = [r.mutant.name for r in results if not r.killed and not r.mutant.equivalent]
     equivalents = [r.mutant for r in results if r.mutant.equivalent]
     hunted = len(results) - len(equivalents)

@@ -104,14 +104,18 @@ class Scheduler:
         threshold = self.config.long_prefill_token_threshold
         return threshold if 0 < threshold < num_tokens else num_tokens
 
+    def running_tokens(self, request: Request, budget: int) -> int:
+        """Tokens a running request computes now: threshold, budget, then model length."""
+        num_new = self.cap_long_prefill(request.num_tokens_with_spec - request.num_computed_tokens)
+        num_new = min(num_new, budget)
+        # The last position must stay inside the model (drafts can reach past it).
+        return min(num_new, self.config.max_model_len - 1 - request.num_computed_tokens)
+
     def _schedule_running(self, plan: StepPlan) -> None:
         index = 0
         while index < len(self.running) and plan.token_budget > 0:
             request = self.running[index]
-            num_new = self.cap_long_prefill(request.num_tokens_with_spec - request.num_computed_tokens)
-            num_new = min(num_new, plan.token_budget)
-            # The last position must stay inside the model (drafts can reach past it).
-            num_new = min(num_new, self.config.max_model_len - 1 - request.num_computed_tokens)
+            num_new = self.running_tokens(request, plan.token_budget)
             if num_new == 0:
                 index += 1  # skip it, but let the requests behind it run
                 continue
