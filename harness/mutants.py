@@ -161,8 +161,7 @@ def _cache_drafts(self, request, num_tokens):
     self.num_cached_block[request.request_id] = max(num_full, self.num_cached_block[request.request_id])
 
 
-def _pages_ignoring_free_hits(self, request_id, num_slots, hit):
-    table = self.req_to_blocks.setdefault(request_id, [])
+def _pages_ignoring_free_hits(self, table, num_slots, hit):
     return rkv.cdiv(num_slots, self.block_size) - len(hit) - len(table)
 
 

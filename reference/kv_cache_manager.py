@@ -75,36 +75,37 @@ class KVCacheManager:
         if num_new_tokens == 0:
             raise ValueError("num_new_tokens must be greater than 0")
         hit = new_computed_blocks or []
+        table = self.req_to_blocks.setdefault(request.request_id, [])
         num_computed = request.num_computed_tokens + num_new_computed_tokens
         num_slots = min(num_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        if self.pages_to_allocate(request.request_id, num_slots, hit) > self.pool.num_free_blocks():
-            return None
-        if self.enable_caching:
-            self.pool.touch(hit)
-        self._save_hit(request.request_id, hit)
-        new_blocks = self._grow_table(request.request_id, num_slots)
+        if not hit and len(table) * self.block_size >= num_slots and table:
+            new_blocks: list[Block] = []  # the common decode step: its pages suffice
+        else:
+            if self.pages_to_allocate(table, num_slots, hit) > self.pool.num_free_blocks():
+                return None
+            if hit or request.request_id not in self.num_cached_block:
+                self._save_hit(request.request_id, table, hit)
+            new_blocks = self._grow_table(table, num_slots)
         if self.enable_caching:
             self.cache_blocks(request, min(num_computed + num_new_tokens, request.num_tokens))
         return new_blocks
 
-    def pages_to_allocate(self, request_id: str, num_slots: int, hit: list[Block]) -> int:
-        table = self.req_to_blocks.setdefault(request_id, [])
+    def pages_to_allocate(self, table: list[Block], num_slots: int, hit: list[Block]) -> int:
         missing = cdiv(num_slots, self.block_size) - len(hit) - len(table)
-        hit_on_free_pages = sum(1 for b in hit if b.ref_cnt == 0 and not b.is_null)
-        return missing + hit_on_free_pages
+        if hit:
+            missing += sum(1 for b in hit if b.ref_cnt == 0 and not b.is_null)
+        return missing
 
-    def _save_hit(self, request_id: str, hit: list[Block]) -> None:
+    def _save_hit(self, request_id: str, table: list[Block], hit: list[Block]) -> None:
         """A newly admitted request starts its table with its prefix-hit pages."""
-        if request_id not in self.num_cached_block:
-            table = self.req_to_blocks.setdefault(request_id, [])
-            assert not table
-            table.extend(hit)
-            self.num_cached_block[request_id] = len(hit)
-        else:
-            assert not hit, "a running request cannot gain prefix hits"
+        assert request_id not in self.num_cached_block, "a running request cannot gain prefix hits"
+        assert not table
+        if self.enable_caching:
+            self.pool.touch(hit)
+        table.extend(hit)
+        self.num_cached_block[request_id] = len(hit)
 
-    def _grow_table(self, request_id: str, num_slots: int) -> list[Block]:
-        table = self.req_to_blocks.setdefault(request_id, [])
+    def _grow_table(self, table: list[Block], num_slots: int) -> list[Block]:
         missing = cdiv(num_slots, self.block_size) - len(table)
         if missing <= 0:
             return []
@@ -115,8 +116,10 @@ class KVCacheManager:
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Index the request's pages that ``num_tokens`` fill completely."""
         num_full = num_tokens // self.block_size
-        self.pool.cache_full_blocks(request.block_hashes, self.req_to_blocks[request.request_id],
-                                    self.num_cached_block[request.request_id], num_full)
+        num_cached = self.num_cached_block[request.request_id]
+        if num_full != num_cached:
+            self.pool.cache_full_blocks(request.block_hashes, self.req_to_blocks[request.request_id],
+                                        num_cached, num_full)
         self.num_cached_block[request.request_id] = num_full
 
     # -- release -------------------------------------------------------------------

@@ -77,10 +77,12 @@ class Request:
     def append_output_token(self, token: int) -> None:
         self.output_token_ids.append(token)
         self.all_token_ids.append(token)
-        self._hash_new_full_blocks()
+        if self.hash_block_size is not None and len(self.all_token_ids) % self.hash_block_size == 0:
+            self._hash_new_full_blocks()
 
     def _hash_new_full_blocks(self) -> None:
-        if self.hash_block_size is not None:
+        size = self.hash_block_size
+        if size is not None and len(self.all_token_ids) >= (len(self.block_hashes) + 1) * size:
             extend_block_hashes(self.block_hashes, self.all_token_ids, self.hash_block_size,
                                 self.cache_salt)
 

@@ -125,7 +125,8 @@ class Scheduler:
             plan.running.append(request)
             plan.grant(request, num_new, [b.block_id for b in new_blocks])
             index += 1
-            self._schedule_drafts(request, num_new, plan)
+            if request.spec_token_ids:
+                self._schedule_drafts(request, num_new, plan)
 
     def _allocate_or_preempt(self, request: Request, num_new: int, plan: StepPlan):
         """Pages for a running request, preempting others until they fit."""
@@ -164,8 +165,6 @@ class Scheduler:
 
     def _schedule_drafts(self, request: Request, num_new: int, plan: StepPlan) -> None:
         """Drafts that fell outside the granted tokens are cut off."""
-        if not request.spec_token_ids:
-            return
         num_drafts = num_new + request.num_computed_tokens - request.num_tokens
         if num_drafts > 0:
             del request.spec_token_ids[num_drafts:]
