@@ -12,7 +12,7 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[vllm]'
+	$(PY) -m pip install -qq --disable-pip-version-check -c constraints.txt -e '.[vllm]'
 	touch $(STAMP)
 
 test: $(STAMP)

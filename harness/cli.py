@@ -205,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(func=cmd_mutants)
 
     cf = sub.add_parser("conformance", help="the main job: bundled scenarios, a short campaign, the seed table")
-    cf.add_argument("--examples", type=int, default=100)
+    cf.add_argument("--examples", type=int, default=300)
     cf.set_defaults(func=cmd_conformance)
     b = sub.add_parser("bench", help="step speed: reference vs vLLM on a large pool")
     b.add_argument("--blocks", type=int, default=1_000_000)

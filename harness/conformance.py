@@ -140,7 +140,7 @@ def check_bundled(folder: Path) -> tuple[int, int]:
     return ok, len(streams)
 
 
-def main(examples: int = 100) -> int:
+def main(examples: int = 300) -> int:
     """make conformance: bundled scenarios, a short campaign, the seed table, a verdict."""
     from harness.fuzz import fuzz
     from harness.golden import STREAMS_DIR

@@ -19,11 +19,15 @@ from harness.conformance import Divergent, Stats, assert_conforms
 
 
 def _progress(done: int, total: int, started: float) -> None:
+    """A bar redrawn in place on a terminal; a line per tenth of the campaign otherwise."""
+    tenth = max(total // 10, 1)
+    if not sys.stderr.isatty() and done % tenth and done != total:
+        return
     width = 30
     filled = min(width, width * done // max(total, 1))
     rate = done / max(time.monotonic() - started, 1e-9)
-    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} streams "
-                     f"({rate:.0f}/s)")
+    line = f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} streams ({rate:.0f}/s)"
+    sys.stderr.write(f"\r{line}" if sys.stderr.isatty() else f"{line}\n")
     sys.stderr.flush()
 
 
@@ -51,7 +55,8 @@ def fuzz(examples: int, seed: int | None = None, profile: str | None = None) -> 
         campaign()
     except (Divergent, Flaky) as exc:
         failure.append(str(exc))
-    sys.stderr.write("\n")
+    if sys.stderr.isatty():
+        sys.stderr.write("\n")
     print(f"summary: {stats.summary()}")
     missing = stats.unreached()
     if missing:
