@@ -56,3 +56,18 @@ def vllm_engine():
         pytest.skip(reason)
     from harness.engines.vllm_adapter import VllmEngine
     return VllmEngine()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _mutant_from_environment():
+    """HARNESS_MUTANT=<name> runs the whole suite against one mutant, to watch it fail."""
+    name = os.environ.get("HARNESS_MUTANT")
+    if not name:
+        yield
+        return
+    from harness.mutants import catalogue
+    found = [m for m in catalogue() if m.name == name]
+    if not found:
+        raise pytest.UsageError(f"HARNESS_MUTANT: unknown mutant {name!r}")
+    with found[0].patch():
+        yield

@@ -164,6 +164,17 @@ def cmd_bench(ns) -> int:
     return bench_main(num_blocks=ns.blocks, num_requests=ns.requests)
 
 
+def _run_with_mutant(name: str, ns) -> int:
+    """HARNESS_MUTANT=<name>: run the command against one mutant (see harness.mutants)."""
+    from harness.mutants import catalogue
+    found = [m for m in catalogue() if m.name == name]
+    if not found:
+        raise UsageError(f"HARNESS_MUTANT: unknown mutant {name!r}")
+    print(f"note: running with mutant {name} applied ({found[0].rule} is broken)", file=sys.stderr)
+    with found[0].patch():
+        return ns.func(ns)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -218,6 +229,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
     try:
+        mutant = os.environ.get("HARNESS_MUTANT")
+        if mutant:
+            return _run_with_mutant(mutant, ns)
         return ns.func(ns)
     except (StreamError, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)

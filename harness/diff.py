@@ -74,34 +74,41 @@ def _short(v: Any, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _step_summary(step: dict[str, Any] | None) -> list[str]:
+SUMMARY_FIELDS = ("new_block_ids", "preempted", "prefix_hit_tokens", "spec_tokens", "emitted",
+                  "finished", "evicted")
+
+
+def _step_lines(step: dict[str, Any] | None) -> dict[str, str]:
+    """The interesting fields of one step, a line each, keyed by field."""
     if step is None:
-        return ["(no step)"]
-    lines = [f"scheduled {_short(step['scheduled'], 60)}"]
-    for name in ("new_block_ids", "preempted", "prefix_hit_tokens", "spec_tokens", "emitted",
-                 "finished", "evicted"):
+        return {"scheduled": "(no step)"}
+    lines = {"scheduled": f"scheduled {_short(step['scheduled'], 60)}"}
+    for name in SUMMARY_FIELDS:
         if step.get(name):
-            lines.append(f"{name} {_short(step[name], 60)}")
-    lines.append(f"computed {_short(step['num_computed_tokens'], 60)}")
-    lines.append(f"free_blocks {step['free_blocks']}")
+            lines[name] = f"{name} {_short(step[name], 60)}"
+    lines["computed"] = f"computed {_short(step['num_computed_tokens'], 60)}"
+    lines["free_blocks"] = f"free_blocks {step['free_blocks']}"
     return lines
 
 
 def side_by_side(a: dict[str, Any], b: dict[str, Any], center: int) -> str:
-    """The steps around ``center`` of both traces, in two columns."""
+    """The steps around ``center`` of both traces, in two columns, field beside field."""
     width = 72
-    out = [f"{'step':>4}  {a['engine']:<{width}}  {b['engine']}"]
+    out = [f"{'step':>5}  {a['engine']:<{width}}  {b['engine']}"]
     lo = max(0, center - CONTEXT_STEPS)
     hi = min(max(len(a["steps"]), len(b["steps"])), center + 2)
+    order = ("scheduled",) + SUMMARY_FIELDS + ("computed", "free_blocks")
     for i in range(lo, hi):
-        la = _step_summary(a["steps"][i] if i < len(a["steps"]) else None)
-        lb = _step_summary(b["steps"][i] if i < len(b["steps"]) else None)
+        la = _step_lines(a["steps"][i] if i < len(a["steps"]) else None)
+        lb = _step_lines(b["steps"][i] if i < len(b["steps"]) else None)
         mark = ">>" if i == center else "  "
-        for j in range(max(len(la), len(lb))):
-            left = la[j] if j < len(la) else ""
-            right = lb[j] if j < len(lb) else ""
-            label = f"{mark}{i:>2}" if j == 0 else ""
-            out.append(f"{label:>4}  {left:<{width}}  {right}")
+        first = True
+        for key in order:
+            if key not in la and key not in lb:
+                continue
+            label = f"{mark}{i:>3}" if first else ""
+            out.append(f"{label:>5}  {la.get(key, ''):<{width}}  {lb.get(key, '')}")
+            first = False
         out.append("")
     return "\n".join(out).rstrip()
 

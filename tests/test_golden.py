@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from harness.diff import report
 from harness.golden import STREAMS_DIR, StaleTrace, replay_one, verify
 
 TRACES_DIR = STREAMS_DIR.parent / "traces" / "vllm-0.11.0"
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.conformance
 @pytest.mark.parametrize("path", TRACES, ids=lambda p: p.stem)
 def test_conformance_replay_recorded_trace(path):
     divergence, golden, mine = replay_one(path)
-    assert divergence is None, f"{path.name}: {divergence}"
+    assert divergence is None, f"{path.name}: {report(golden, mine, divergence)}"
 
 
 def test_every_bundled_stream_has_a_recorded_trace():
