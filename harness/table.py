@@ -38,12 +38,9 @@ def render(trace: dict[str, Any]) -> str:
     rows = [("step", "req", "tokens", "KV before", "computed", "KV after", "pages", "page ids",
              "preempted")]
     for step in trace["steps"]:
-        admitted = set(step["prefix_hit_tokens"])
         for rid in step["preempted"]:
-            tables[rid] = []
+            tables[rid] = []  # freed; a resumed request gets its whole table again
         for rid, groups in step["new_block_ids"].items():
-            if rid in admitted:
-                tables[rid] = []
             tables[rid] += groups[0]
         first = True
         for rid, n in step["scheduled"]:

@@ -31,8 +31,9 @@ SKIPPED_WAITING_REQUESTS_REVERSED
 
 REJECTED_DRAFTS_ALWAYS_SUBTRACTED
     Rejected drafts are subtracted from ``num_computed_tokens`` even for a
-    request that was preempted in the same step (see the first quirk); the
-    count may then go negative.  Code: scheduler.Scheduler.update_from_output.
+    request that was preempted in the same step (see the first quirk), whose
+    count had restarted from 0 and holds only this step's grant.
+    Code: scheduler.Scheduler.update_from_output.
 
 STALE_WORKER_ROWS
     The worker's block table rows are fixed-size and not cleared when a row is
