@@ -20,6 +20,7 @@ from unittest import mock
 from reference import block_pool as rbp
 from reference import kv_cache_manager as rkv
 from reference import request as rreq
+from reference import request_queue as rq
 from reference import scheduler as rsched
 from reference.request import RequestStatus
 
@@ -84,32 +85,15 @@ def _pick_by_arrival_only(self, plan):
     return victim
 
 
-def _schedule_waiting_even_after_preemption(self):
-    plan = rsched.StepPlan(token_budget=self.config.max_num_batched_tokens)
-    self._schedule_running(plan)
-    self._schedule_waiting(plan)
-    self._check_limits(plan)
-    output = self._make_output(plan)
-    self._advance_computed_tokens(output)
-    return output
-
-
-def _schedule_with_fixed_priority_quirk(self):
+def _running_with_fixed_priority_quirk(self, plan):
     """vLLM after PR #26661: a preempted victim loses its grant in this step."""
-    plan = rsched.StepPlan(token_budget=self.config.max_num_batched_tokens)
-    self._schedule_running(plan)
+    _ORIG_RUNNING(self, plan)
     for victim in plan.preempted:
         n = plan.num_scheduled_tokens.pop(victim.request_id, None)
         if n is not None:
             plan.token_budget += n
             plan.new_block_ids.pop(victim.request_id, None)
             plan.spec_tokens.pop(victim.request_id, None)
-    if not plan.preempted:
-        self._schedule_waiting(plan)
-    self._check_limits(plan)
-    output = self._make_output(plan)
-    self._advance_computed_tokens(output)
-    return output
 
 
 def _hit_without_last_token_cap(self, request):
@@ -285,6 +269,7 @@ class _Seats:
 
 _ORIG_PICK = rsched.Scheduler._pick_victim
 _ORIG_POOL_INIT = rbp.BlockPool.__init__
+_ORIG_RUNNING = rsched.Scheduler._schedule_running
 _ORIG_WAITING = rsched.Scheduler._schedule_waiting
 _ORIG_UPDATE = rsched.Scheduler.update_from_output
 _ORIG_PREEMPT = rsched.Scheduler._preempt
@@ -306,9 +291,9 @@ REFERENCE_MUTANTS = [
     Mutant("priority_victim_by_arrival_only", "priority victim is the max (priority, arrival)", S,
            _replace(rsched.Scheduler, "_pick_victim", _pick_by_arrival_only)),
     Mutant("waiting_admitted_after_preemption", "no waiting request is admitted in a step that preempted", S,
-           _replace(rsched.Scheduler, "schedule", _schedule_waiting_even_after_preemption)),
+           _replace(rsched.Scheduler, "admits_waiting", lambda self, plan: True)),
     Mutant("priority_quirk_fixed", "0.11.0 keeps a preempted victim's grant (fixed by PR #26661)", S,
-           _replace(rsched.Scheduler, "schedule", _schedule_with_fixed_priority_quirk)),
+           _replace(rsched.Scheduler, "_schedule_running", _running_with_fixed_priority_quirk)),
     Mutant("hit_without_last_token_cap", "a prefix hit leaves at least the last token to compute", K,
            _replace(rkv.KVCacheManager, "get_computed_blocks", _hit_without_last_token_cap)),
     Mutant("hit_on_partial_block", "prefix hits cover whole pages within num_tokens - 1", SK,
@@ -358,7 +343,7 @@ REFERENCE_MUTANTS = [
     Mutant("finished_reported_again", "finished ids are reported once, on the next step", S,
            _replace(rsched.Scheduler, "_advance_computed_tokens", _finished_not_cleared)),
     Mutant("skipped_waiting_to_tail", "with chunked prefill off, skipped requests go back to the head", Q,
-           _replace(rsched.make_queue("fcfs").__class__, "prepend_all", _skipped_to_tail)),
+           _replace(rq.FcfsQueue, "prepend_all", _skipped_to_tail)),
     Mutant("preempted_keep_progress", "a preempted request's num_computed_tokens drops to 0", S,
            _replace(rsched.Scheduler, "_preempt", _preempt_keeps_progress)),
     Mutant("max_num_seqs_off_by_one", "at most max_num_seqs requests run", S,

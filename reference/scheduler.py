@@ -92,12 +92,16 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         plan = StepPlan(token_budget=self.config.max_num_batched_tokens)
         self._schedule_running(plan)
-        if not plan.preempted:
+        if self.admits_waiting(plan):
             self._schedule_waiting(plan)
         self._check_limits(plan)
         output = self._make_output(plan)
         self._advance_computed_tokens(output)
         return output
+
+    def admits_waiting(self, plan: StepPlan) -> bool:
+        """A step that had to preempt admits no waiting request."""
+        return not plan.preempted
 
     def cap_long_prefill(self, num_tokens: int) -> int:
         """A positive ``long_prefill_token_threshold`` caps the tokens of one request."""
