@@ -22,6 +22,7 @@ from reference import kv_cache_manager as rkv
 from reference import request as rreq
 from reference import request_queue as rq
 from reference import scheduler as rsched
+from reference import slot_mapping as rslots
 from reference.request import RequestStatus
 
 Patch = Callable[[], contextlib.AbstractContextManager]
@@ -236,6 +237,12 @@ def _eos_ignored(request, max_model_len):
     return False
 
 
+def _slots_from_page_start(self, row, first_position, num_tokens):
+    table = self._row(row)
+    bs = self.block_size
+    return [table[p // bs] * bs for p in range(first_position, first_position + num_tokens)]
+
+
 def _extend_without_salt(hashes, tokens, block_size, cache_salt):
     _ORIG_EXTEND(hashes, tokens, block_size, None)
 
@@ -348,6 +355,9 @@ REFERENCE_MUTANTS = [
            _replace(rsched.Scheduler, "_preempt", _preempt_keeps_progress)),
     Mutant("max_num_seqs_off_by_one", "at most max_num_seqs requests run", S,
            _replace(rsched.Scheduler, "_schedule_waiting", _seats_off_by_one)),
+    Mutant("slot_offset_ignored", "a token's slot is page * block_size + its offset in the page",
+           "vllm/v1/worker/block_table.py",
+           _replace(rslots.WorkerBlockTable, "slots", _slots_from_page_start)),
     Mutant("reset_prefix_cache_always", "reset_prefix_cache is refused while pages are in use", P,
            _replace(rbp.BlockPool, "reset_prefix_cache", _reset_always)),
 ]
