@@ -94,9 +94,9 @@ def cmd_trace(ns) -> int:
 
 def check_one(stream: Stream, engines, quiet: bool = False) -> bool:
     """Run both engines on one stream; print a report when they differ."""
-    from harness.diff import first_divergence, report
-    from harness.runner import run
-    traces = [run(e, stream).to_json() for e in engines]
+    from harness.conformance import compare
+    from harness.diff import report
+    d, *traces = compare(stream, vllm=engines[0], reference=engines[1])
     ok = True
     for t in traces:
         if t["verdict"] == "engine_failure":
@@ -104,7 +104,6 @@ def check_one(stream: Stream, engines, quiet: bool = False) -> bool:
             print(f"{stream.name}: ENGINE FAILURE ({t['engine']}) at step {t['failure']['step']}: "
                   f"{t['failure']['message']}\n  stream saved: {saved}")
             ok = False
-    d = first_divergence(traces[0], traces[1])
     if d is not None:
         saved = save_stream(stream, "divergence")
         print(f"{stream.name}: {report(traces[0], traces[1], d)}\n"

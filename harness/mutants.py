@@ -107,25 +107,13 @@ def _hit_without_last_token_cap(self, request):
 
 
 def _hit_partial_block(self, block_hashes, max_length):
-    hit = []
-    for block_hash in block_hashes[:rkv.cdiv(max_length, self.block_size)]:
-        block = self.pool.get_cached_block(block_hash)
-        if block is None:
-            break
-        hit.append(block)
-    if self.use_eagle and hit:
-        hit.pop()
-    return hit
+    # Round the limit up to whole pages, so a partly covered page may hit.
+    return _ORIG_HIT(self, block_hashes, rkv.cdiv(max_length, self.block_size) * self.block_size)
 
 
 def _eagle_keeps_last_hit(self, block_hashes, max_length):
-    hit = []
-    for block_hash in block_hashes[:max_length // self.block_size]:
-        block = self.pool.get_cached_block(block_hash)
-        if block is None:
-            break
-        hit.append(block)
-    return hit
+    with mock.patch.object(self, "use_eagle", False):
+        return _ORIG_HIT(self, block_hashes, max_length)
 
 
 def _prompt_logprobs_hit(self, request):
@@ -275,6 +263,7 @@ class _Seats:
 
 
 _ORIG_PICK = rsched.Scheduler._pick_victim
+_ORIG_HIT = rkv.KVCacheManager.longest_cache_hit
 _ORIG_POOL_INIT = rbp.BlockPool.__init__
 _ORIG_RUNNING = rsched.Scheduler._schedule_running
 _ORIG_WAITING = rsched.Scheduler._schedule_waiting

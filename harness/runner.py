@@ -14,7 +14,7 @@ import traceback
 from collections import defaultdict
 
 from harness import model
-from harness.engines.base import Engine, EngineFailure
+from harness.engines.base import Engine
 from harness.stream import Stream
 from harness.trace import Trace, step_record
 
@@ -22,12 +22,9 @@ from harness.trace import Trace, step_record
 def run(engine: Engine, stream: Stream) -> Trace:
     """Run ``stream`` through ``engine``; engine exceptions end the trace with a failure."""
     trace = Trace(engine=engine.name, vllm_version=engine.version(), stream=stream)
-    step = 0
     try:
         engine.start(stream)
         _loop(engine, stream, trace)
-    except EngineFailure as exc:
-        trace.fail(exc.step, exc.message)
     except Exception as exc:  # an assertion or error inside the engine
         step = len(trace.steps)
         where = traceback.extract_tb(exc.__traceback__)[-1]

@@ -7,7 +7,6 @@ deterministic: the same stream gives the same bytes in every run and process
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,6 +89,3 @@ def slot_ranges(slots: list[int]) -> list[list[int]]:
             ranges.append([slot, slot + 1])
     return ranges
 
-
-def load_trace_json(text: str) -> dict[str, Any]:
-    return json.loads(text)

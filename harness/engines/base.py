@@ -50,15 +50,6 @@ class RequestState:
     num_output_tokens: int
 
 
-class EngineFailure(Exception):
-    """An exception raised inside an engine; reported, never a harness crash."""
-
-    def __init__(self, step: int, message: str):
-        super().__init__(f"step {step}: {message}")
-        self.step = step
-        self.message = message
-
-
 class Engine(Protocol):
     """One scheduler + KV cache manager, driven step by step."""
 

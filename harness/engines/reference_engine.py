@@ -50,16 +50,13 @@ class Recorder:
 class ReferenceEngine:
     name = "reference"
 
-    # Hooks for harness.mutants: a mutant may replace the scheduler class.
-    scheduler_class = Scheduler
-
     def version(self) -> str:
         return MIRRORED_VLLM_VERSION
 
     def start(self, stream: Stream) -> None:
         self.config = reference_config(stream)
         self.recorder = Recorder()
-        self.sched = self.scheduler_class(self.config, self.recorder)
+        self.sched = Scheduler(self.config, self.recorder)
         self.requests: dict[str, Request] = {}
         self.rows: dict[str, int] = {}
         self.worker = WorkerBlockTable(self.config.block_size,
