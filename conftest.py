@@ -54,8 +54,8 @@ def vllm_engine():
     reason = vllm_missing_reason()
     if reason:
         pytest.skip(reason)
-    from harness.engines.vllm_adapter import VllmEngine
-    return VllmEngine()
+    from harness.engines import get_engine
+    return get_engine("vllm")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -65,9 +65,9 @@ def _mutant_from_environment():
     if not name:
         yield
         return
-    from harness.mutants import catalogue
-    found = [m for m in catalogue() if m.name == name]
-    if not found:
+    from harness.mutants import find
+    mutant = find(name)
+    if mutant is None or mutant.patch is None:
         raise pytest.UsageError(f"HARNESS_MUTANT: unknown mutant {name!r}")
-    with found[0].patch():
+    with mutant.patch():
         yield

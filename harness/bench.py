@@ -14,6 +14,8 @@ import gc
 import random
 import time
 
+from harness.engines import get_engine
+from harness.runner import run
 from harness.stream import parse_stream
 
 
@@ -73,7 +75,6 @@ class _Timed:
 
 def time_engine(engine, stream) -> tuple[float, float, int]:
     """(seconds to build the pool, seconds inside schedule/update, steps)."""
-    from harness.runner import run
     timed = _Timed(engine)
     try:
         trace = run(timed, stream)
@@ -86,14 +87,13 @@ def time_engine(engine, stream) -> tuple[float, float, int]:
 def main(num_blocks: int = 1_000_000, num_requests: int = 512, repeats: int = 5) -> int:
     """Alternate the engines ``repeats`` times; report the median run of each."""
     import statistics
-    from harness.conformance import engine
     stream = parse_stream(workload(num_blocks, num_requests))
     print(f"workload: {num_requests} requests, {num_blocks:,} pages of 16 tokens, "
           f"budget 8192 tokens, 256 seats; median of {repeats} runs per engine")
     runs: dict[str, list[tuple[float, float, int]]] = {"vllm": [], "reference": []}
     for _ in range(repeats):
         for name in runs:
-            runs[name].append(time_engine(engine(name), stream))
+            runs[name].append(time_engine(get_engine(name), stream))
     per_step = {}
     for name, results in runs.items():
         built = statistics.median(r[0] for r in results)

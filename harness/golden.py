@@ -18,10 +18,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from harness.diff import first_divergence, report
+from harness.engines import get_engine
+from harness.paths import STREAMS_DIR, write_json
+from harness.runner import run
 from harness.stream import StreamError, canonical_json, load_stream, parse_stream
 
 RECORDER_VERSION = "1"
-STREAMS_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "streams"
 
 
 class StaleTrace(Exception):
@@ -47,10 +50,7 @@ def recorded(trace: dict[str, Any]) -> dict[str, Any]:
 
 def record(streams, out_dir: Path) -> int:
     """Record vLLM's trace of each stream into ``out_dir/<name>.json``."""
-    from harness.cli import write_atomic
-    from harness.engines.vllm_adapter import VllmEngine
-    from harness.runner import run
-    engine = VllmEngine()
+    engine = get_engine("vllm")
     status = 0
     for stream in streams:
         trace = run(engine, stream).to_json()
@@ -58,8 +58,7 @@ def record(streams, out_dir: Path) -> int:
             print(f"{stream.name}: vLLM failed at step {trace['failure']['step']}: "
                   f"{trace['failure']['message']} (recorded as such)")
             status = 1
-        write_atomic(out_dir / f"{stream.name}.json",
-                     json.dumps(recorded(trace), indent=1, sort_keys=True) + "\n")
+        write_json(out_dir / f"{stream.name}.json", recorded(trace))
         print(f"recorded {out_dir / (stream.name + '.json')} ({len(trace['steps'])} steps)")
     return status
 
@@ -85,18 +84,14 @@ def verify(trace: dict[str, Any], streams_dir: Path | None = STREAMS_DIR) -> Non
 
 def replay_one(path: Path, streams_dir: Path | None = STREAMS_DIR):
     """Run the reference on a recorded trace's stream; the first divergence or None."""
-    from harness.diff import first_divergence
-    from harness.engines.reference_engine import ReferenceEngine
-    from harness.runner import run
     golden = json.loads(path.read_text())
     verify(golden, streams_dir)
     stream = parse_stream(golden["stream"])
-    mine = run(ReferenceEngine(), stream).to_json()
+    mine = run(get_engine("reference"), stream).to_json()
     return first_divergence(golden, mine), golden, mine
 
 
 def replay(folder: Path, verbose: bool = False) -> int:
-    from harness.diff import report
     paths = sorted(folder.glob("*.json"))
     if not paths:
         print(f"{folder}: no recorded traces")

@@ -10,13 +10,16 @@ if it emitted tokens, an empty one if not.
 
 from __future__ import annotations
 
+import sys
 import traceback
 from collections import defaultdict
+from pathlib import Path
 
-from harness import model
+from harness import counterexamples, model
 from harness.engines.base import Engine
+from harness.paths import write_atomic
 from harness.stream import Stream
-from harness.trace import Trace, step_record
+from harness.trace import ENGINE_FAILURE, Trace, step_record
 
 
 def run(engine: Engine, stream: Stream) -> Trace:
@@ -87,3 +90,22 @@ def _loop(engine: Engine, stream: Stream, trace: Trace) -> None:
         trace.steps.append(step_record(step, scheduled, emitted, states,
                                        engine.num_free_blocks(), reset))
         step += 1
+
+
+def trace_streams(engine: Engine, streams: list[Stream], output: Path | None) -> int:
+    """The ``trace`` command: each stream's trace to ``output/<name>.json``, or JSON Lines
+    on stdout; 0, or 1 when the engine failed on a stream (kept for replay)."""
+    status = 0
+    for stream in streams:
+        trace = run(engine, stream)
+        if trace.failure and trace.verdict == ENGINE_FAILURE:
+            saved = counterexamples.save(stream, counterexamples.unique_label(
+                stream, f"{engine.name}-failure"))
+            print(f"{stream.name}: {engine.name} failed at step {trace.failure['step']}: "
+                  f"{trace.failure['message']} (stream saved to {saved})", file=sys.stderr)
+            status = 1
+        if output is not None:
+            write_atomic(output / f"{stream.name}.json", trace.dumps() + "\n")
+        else:
+            sys.stdout.write(trace.dumps() + "\n")
+    return status

@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-MODELS_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "models"
+from harness.paths import MODELS_DIR
+from reference.arith import cdiv
 
 
 class StreamError(ValueError):
@@ -249,7 +250,7 @@ def _check_config(c: Config) -> None:
     if not c.enable_chunked_prefill and c.max_num_batched_tokens < c.max_model_len:
         raise StreamError("config.max_num_batched_tokens: must be >= max_model_len when "
                           "enable_chunked_prefill is false (vLLM SchedulerConfig)")
-    needed = -(-c.max_model_len // c.block_size)
+    needed = cdiv(c.max_model_len, c.block_size)
     if c.num_gpu_blocks < needed:
         raise StreamError(f"config.num_gpu_blocks: must be >= ceil(max_model_len / block_size) = {needed}, "
                           "enough KV cache for one max_model_len request (vLLM start-up check)")

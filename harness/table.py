@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.stream import MODELS_DIR
+from harness.engines import get_engine
+from harness.paths import MODELS_DIR
+from harness.runner import run
+from harness.stream import Stream
+from harness.trace import COMPLETED
 from reference.kv_sizing import ModelShape
 
 
@@ -63,3 +67,9 @@ def render(trace: dict[str, Any]) -> str:
                                                     if trace.get("failure") else ""))
     return "\n".join(lines)
 
+
+
+def show(stream: Stream, engine_name: str) -> tuple[str, bool]:
+    """The table of one engine's run of ``stream``, and whether the run completed."""
+    trace = run(get_engine(engine_name), stream)
+    return render(trace.to_json()), trace.verdict == COMPLETED

@@ -78,14 +78,3 @@ def step_record(step: int, s: Scheduled, emitted: dict[str, list[int]],
         "prefix_cache_reset": prefix_cache_reset,
     }
 
-
-def slot_ranges(slots: list[int]) -> list[list[int]]:
-    """Compress slot ids into [start, end) runs of consecutive slots."""
-    ranges: list[list[int]] = []
-    for slot in slots:
-        if ranges and ranges[-1][1] == slot:
-            ranges[-1][1] = slot + 1
-        else:
-            ranges.append([slot, slot + 1])
-    return ranges
-

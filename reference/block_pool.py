@@ -56,10 +56,14 @@ class FreeBlockQueue:
             raise ValueError(f"cannot take {n} pages, {self.num_free_blocks} free")
         taken = []
         for _ in range(n):
-            block = self._head.next_free
+            block = self.next_to_go()
             self._unlink(block)
             taken.append(block)
         return taken
+
+    def next_to_go(self) -> Block:
+        """The head: the page freed longest ago, so the least recently used."""
+        return self._head.next_free
 
     def remove(self, block: Block) -> None:
         """Cut a page out of the middle (a cache hit on a free page)."""
@@ -130,9 +134,7 @@ class BlockPool:
         """A cached page that is handed out again stops being a cache entry."""
         if block.block_hash is None:
             return
-        pages = self.cached.get(block.block_hash)
-        if pages is None or block.block_id not in pages:
-            return
+        pages = self.cached[block.block_hash]
         del pages[block.block_id]
         if not pages:
             del self.cached[block.block_hash]
@@ -153,6 +155,10 @@ class BlockPool:
             block.ref_cnt -= 1
         self.free_queue.append_n(b for b in ordered if b.ref_cnt == 0 and not b.is_null)
 
+    def can_reset_prefix_cache(self) -> bool:
+        """Only when no request holds a page: the null page is the only one not free."""
+        return self.num_blocks - self.num_free_blocks() == 1
+
     def cache_full_blocks(self, block_hashes: list[BlockHash], blocks: list[Block],
                           num_cached: int, num_full: int) -> None:
         """Index the pages ``blocks[num_cached:num_full]`` under their hashes."""
@@ -166,7 +172,7 @@ class BlockPool:
 
     def reset_prefix_cache(self) -> bool:
         """Forget every hash; refused (False) while any page is in use."""
-        if self.num_blocks - self.num_free_blocks() != 1:  # only the null page may be in use
+        if not self.can_reset_prefix_cache():
             return False
         self.cached = {}
         for block in self.blocks:

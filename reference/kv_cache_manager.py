@@ -13,12 +13,9 @@ request runs; they are dropped whole when it finishes or is preempted.
 from __future__ import annotations
 
 from reference import events
+from reference.arith import cdiv
 from reference.block_pool import Block, BlockPool
 from reference.request import Request
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class KVCacheManager:
@@ -38,13 +35,20 @@ class KVCacheManager:
 
     def get_computed_blocks(self, request: Request) -> tuple[list[Block], int]:
         """Cached pages holding a prefix of the request, and how many tokens they cover."""
-        if not self.enable_caching or request.wants_prompt_logprobs:
-            hit: list[Block] = []  # prompt logprobs need every prompt token computed
+        if self.skips_prefix_cache(request):
+            hit: list[Block] = []
         else:
-            # At least the last token is recomputed, to get logits from it.
-            hit = self.longest_cache_hit(request.block_hashes, request.num_tokens - 1)
+            hit = self.longest_cache_hit(request.block_hashes, self.max_hit_tokens(request))
         self.emit(events.PrefixLookup(request.request_id, len(hit) * self.block_size))
         return hit, len(hit) * self.block_size
+
+    def skips_prefix_cache(self, request: Request) -> bool:
+        """No lookup without caching, nor for prompt logprobs (every prompt token is computed)."""
+        return not self.enable_caching or request.wants_prompt_logprobs
+
+    def max_hit_tokens(self, request: Request) -> int:
+        """At least the last token is recomputed, to get logits from it."""
+        return request.num_tokens - 1
 
     def longest_cache_hit(self, block_hashes: list[bytes], max_length: int) -> list[Block]:
         """Leading cached pages, whole pages only, covering at most ``max_length`` tokens."""
@@ -54,9 +58,13 @@ class KVCacheManager:
             if block is None:
                 break  # the hashes are chained: nothing after a miss can hit
             hit.append(block)
-        if self.use_eagle and hit:
-            hit.pop()  # eagle needs the hidden states of the last block: recompute it
+        self.trim_hit_for_eagle(hit)
         return hit
+
+    def trim_hit_for_eagle(self, hit: list[Block]) -> None:
+        """Eagle needs the hidden states of the last hit page: it is recomputed."""
+        if self.use_eagle and hit:
+            hit.pop()
 
     # -- allocation ----------------------------------------------------------------
 
@@ -92,9 +100,11 @@ class KVCacheManager:
 
     def pages_to_allocate(self, table: list[Block], num_slots: int, hit: list[Block]) -> int:
         missing = cdiv(num_slots, self.block_size) - len(hit) - len(table)
-        if hit:
-            missing += sum(1 for b in hit if b.ref_cnt == 0 and not b.is_null)
-        return missing
+        return missing + self.free_hit_pages(hit) if hit else missing
+
+    def free_hit_pages(self, hit: list[Block]) -> int:
+        """Hit pages sitting in the free queue: taking them shrinks it like new pages do."""
+        return sum(1 for b in hit if b.ref_cnt == 0 and not b.is_null)
 
     def _save_hit(self, request_id: str, table: list[Block], hit: list[Block]) -> None:
         """A newly admitted request starts its table with its prefix-hit pages."""
@@ -125,10 +135,14 @@ class KVCacheManager:
     # -- release -------------------------------------------------------------------
 
     def free(self, request: Request) -> None:
-        """Return the request's pages, tail first, so its tail is evicted first."""
+        """Return the request's pages to the pool."""
         table = self.req_to_blocks.pop(request.request_id, [])
-        self.pool.free_blocks(reversed(table))
+        self.pool.free_blocks(self.free_order(table))
         self.num_cached_block.pop(request.request_id, None)
+
+    def free_order(self, table: list[Block]):
+        """Tail first, so that a request's tail is evicted before its shared prefix."""
+        return reversed(table)
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id) or []]

@@ -33,6 +33,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from reference.arith import cdiv
+
 # Element size in bytes of each KV cache dtype name vLLM accepts, plus the
 # plain torch names a HF config may carry.  All fp8 flavours are stored as one
 # byte per element (vLLM keeps them in uint8 tensors).
@@ -45,11 +47,6 @@ DTYPE_BYTES = {
 }
 
 GiB = 1 << 30
-
-
-def cdiv(a: int, b: int) -> int:
-    """Ceiling of a / b for non-negative a and positive b."""
-    return -(-a // b)
 
 
 def normalize_dtype(name: str) -> str:

@@ -34,7 +34,6 @@ class SchedulerOutput:
     scheduled_cached_reqs: list[CachedRequestData]
     # Insertion order is the order tokens were granted in.
     num_scheduled_tokens: dict[str, int]
-    total_num_scheduled_tokens: int
     scheduled_spec_decode_tokens: dict[str, list[int]]
     # Requests that finished since the previous schedule() call.
     finished_req_ids: set[str] = field(default_factory=set)

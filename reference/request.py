@@ -49,9 +49,7 @@ class Request:
     all_token_ids: list[int] = field(default_factory=list)
     spec_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
-    num_cached_tokens: int = -1  # prefix hit at first admission; -1 until then
     block_hashes: list[BlockHash] = field(default_factory=list)
-    stop_reason: int | None = None
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)
@@ -93,15 +91,23 @@ def check_stop(request: Request, max_model_len: int) -> bool:
     Length comes first (``max_model_len``, then ``max_tokens``), then EOS unless
     ``ignore_eos``, then the stop tokens.
     """
-    if request.num_tokens >= max_model_len or request.num_output_tokens >= request.max_tokens:
+    if length_capped(request, max_model_len):
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True
-    last = request.output_token_ids[-1]
-    if not request.ignore_eos and last == request.eos_token_id:
+    if stopped_by_eos(request) or stopped_by_stop_token(request):
         request.status = RequestStatus.FINISHED_STOPPED
-        return True
-    if last in request.stop_token_ids:
-        request.status = RequestStatus.FINISHED_STOPPED
-        request.stop_reason = last
         return True
     return False
+
+
+def length_capped(request: Request, max_model_len: int) -> bool:
+    """The request fills the model, or has all the outputs it asked for."""
+    return request.num_tokens >= max_model_len or request.num_output_tokens >= request.max_tokens
+
+
+def stopped_by_eos(request: Request) -> bool:
+    return not request.ignore_eos and request.output_token_ids[-1] == request.eos_token_id
+
+
+def stopped_by_stop_token(request: Request) -> bool:
+    return request.output_token_ids[-1] in request.stop_token_ids

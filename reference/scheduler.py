@@ -97,6 +97,7 @@ class Scheduler:
         self._check_limits(plan)
         output = self._make_output(plan)
         self._advance_computed_tokens(output)
+        self._forget_reported_finished()
         return output
 
     def admits_waiting(self, plan: StepPlan) -> bool:
@@ -111,9 +112,11 @@ class Scheduler:
     def running_tokens(self, request: Request, budget: int) -> int:
         """Tokens a running request computes now: threshold, budget, then model length."""
         num_new = self.cap_long_prefill(request.num_tokens_with_spec - request.num_computed_tokens)
-        num_new = min(num_new, budget)
-        # The last position must stay inside the model (drafts can reach past it).
-        return min(num_new, self.config.max_model_len - 1 - request.num_computed_tokens)
+        return self.cap_model_len(request, min(num_new, budget))
+
+    def cap_model_len(self, request: Request, num_tokens: int) -> int:
+        """The last position computed must stay inside the model (drafts can reach past it)."""
+        return min(num_tokens, self.config.max_model_len - 1 - request.num_computed_tokens)
 
     def _schedule_running(self, plan: StepPlan) -> None:
         index = 0
@@ -145,18 +148,24 @@ class Scheduler:
                 return None
 
     def _pick_victim(self, plan: StepPlan) -> Request:
-        """fcfs: the last running request.  priority: the largest (priority, arrival).
+        """Take the policy's victim out of the running list (and of this step's list).
 
         Under priority the victim may already be scheduled in this step; see
         quirks.PRIORITY_VICTIM_KEEPS_ITS_GRANT for what 0.11.0 does then.
         """
-        if self.config.policy == "priority":
-            victim = max(self.running, key=lambda r: (r.priority, r.arrival_time))
-            self.running.remove(victim)
-            if victim in plan.running:
-                plan.running.remove(victim)
-            return victim
-        return self.running.pop()
+        victim = self.priority_victim() if self.config.policy == "priority" else self.fcfs_victim()
+        self.running.remove(victim)
+        if victim in plan.running:
+            plan.running.remove(victim)
+        return victim
+
+    def fcfs_victim(self) -> Request:
+        """fcfs preempts the request that joined the running list last."""
+        return self.running[-1]
+
+    def priority_victim(self) -> Request:
+        """priority preempts the largest (priority, arrival_time): the least urgent, newest."""
+        return max(self.running, key=lambda r: (r.priority, r.arrival_time))
 
     def _preempt(self, victim: Request, plan: StepPlan) -> None:
         """Recompute later: drop its pages and progress, queue it at the head."""
@@ -168,39 +177,64 @@ class Scheduler:
         self.emit(events.Preempted(victim.request_id))
 
     def _schedule_drafts(self, request: Request, num_new: int, plan: StepPlan) -> None:
-        """Drafts that fell outside the granted tokens are cut off."""
-        num_drafts = num_new + request.num_computed_tokens - request.num_tokens
+        num_drafts = self.num_scheduled_drafts(request, num_new)
         if num_drafts > 0:
             del request.spec_token_ids[num_drafts:]
             plan.spec_tokens[request.request_id] = request.spec_token_ids
 
+    def num_scheduled_drafts(self, request: Request, num_new: int) -> int:
+        """The drafts inside the granted tokens; those past them are cut off."""
+        return num_new + request.num_computed_tokens - request.num_tokens
+
     def _schedule_waiting(self, plan: StepPlan) -> None:
-        skipped = make_queue(self.config.policy)
+        set_aside = make_queue(self.config.policy)
         while len(self.waiting) and plan.token_budget > 0:
-            if len(self.running) == self.config.max_num_seqs:
+            if not self.has_free_seat():
                 break
             request = self.waiting.peek()
-            if request.num_computed_tokens == 0:
-                hit, num_hit = self.kv.get_computed_blocks(request)
-                num_computed = num_hit
-            else:
-                # Only the quirk PRIORITY_VICTIM_KEEPS_ITS_GRANT leaves a waiting
-                # request with computed tokens (and no pages): no lookup then.
-                hit, num_hit = [], 0
-                num_computed = request.num_computed_tokens
-            # num_tokens, not the prompt: a resumed request recomputes its outputs too.
-            num_new = self.cap_long_prefill(request.num_tokens - num_computed)
-            if not self.config.enable_chunked_prefill and num_new > plan.token_budget:
-                skipped.prepend(self.waiting.pop())  # whole prompts only: try the next one
+            hit, num_hit, num_computed = self._lookup_prefix(request)
+            num_new = self.waiting_tokens(request, num_computed)
+            if self.sets_aside(num_new, plan):
+                set_aside.prepend(self.waiting.pop())
                 continue
             num_new = min(num_new, plan.token_budget)
             assert num_new > 0
-            lookahead = 0 if request.num_computed_tokens == 0 else self.config.num_lookahead_tokens
-            if self.kv.allocate_slots(request, num_new, num_hit, hit, lookahead) is None:
-                break  # no preemption for a waiting request
+            if self.kv.allocate_slots(request, num_new, num_hit, hit,
+                                      self.admission_lookahead(request)) is None:
+                break  # a waiting request never preempts: it waits for pages
             self._admit(self.waiting.pop(), num_new, num_computed, plan)
-        if len(skipped):
-            self.waiting.prepend_all(skipped)
+        if len(set_aside):
+            self.waiting.prepend_all(set_aside)
+
+    def has_free_seat(self) -> bool:
+        """At most ``max_num_seqs`` requests run at once."""
+        return len(self.running) < self.config.max_num_seqs
+
+    def _lookup_prefix(self, request: Request) -> tuple[list, int, int]:
+        """(hit pages, hit tokens, tokens computed before the step) of a waiting request.
+
+        Only a request with no computed tokens looks in the prefix cache: the
+        quirk PRIORITY_VICTIM_KEEPS_ITS_GRANT leaves a waiting request with
+        computed tokens (and no pages), which keeps its count instead.
+        """
+        if request.num_computed_tokens == 0:
+            hit, num_hit = self.kv.get_computed_blocks(request)
+            return hit, num_hit, num_hit
+        return [], 0, request.num_computed_tokens
+
+    def waiting_tokens(self, request: Request, num_computed: int) -> int:
+        """Every token not yet computed, outputs included (a resumed request recomputes
+        them), cut by the long-prefill threshold; the budget is applied later."""
+        return self.cap_long_prefill(request.num_tokens - num_computed)
+
+    def sets_aside(self, num_new: int, plan: StepPlan) -> bool:
+        """With chunked prefill off, a request that does not fit whole waits for a later
+        step, and the requests behind it get their turn."""
+        return not self.config.enable_chunked_prefill and num_new > plan.token_budget
+
+    def admission_lookahead(self, request: Request) -> int:
+        """Eagle's lookahead slots are reserved for a resumed request, not a new one."""
+        return 0 if request.num_computed_tokens == 0 else self.config.num_lookahead_tokens
 
     def _admit(self, request: Request, num_new: int, num_computed: int, plan: StepPlan) -> None:
         self.running.append(request)
@@ -208,8 +242,6 @@ class Scheduler:
         plan.grant(request, num_new, self.kv.get_block_ids(request.request_id))
         request.status = RequestStatus.RUNNING
         request.num_computed_tokens = num_computed
-        if request.num_cached_tokens < 0:
-            request.num_cached_tokens = num_computed
 
     def _check_limits(self, plan: StepPlan) -> None:
         assert sum(plan.num_scheduled_tokens.values()) <= self.config.max_num_batched_tokens
@@ -225,20 +257,21 @@ class Scheduler:
                                     r.num_computed_tokens)
                   for requests, resumed in ((plan.running, False), (plan.resumed, True))
                   for r in requests]
-        output = SchedulerOutput(
+        return SchedulerOutput(
             scheduled_new_reqs=new,
             scheduled_cached_reqs=cached,
             num_scheduled_tokens=dict(plan.num_scheduled_tokens),
-            total_num_scheduled_tokens=sum(plan.num_scheduled_tokens.values()),
             scheduled_spec_decode_tokens={k: list(v) for k, v in plan.spec_tokens.items()},
             finished_req_ids=self.finished_req_ids,
         )
-        return output
 
     def _advance_computed_tokens(self, output: SchedulerOutput) -> None:
         """Count the scheduled tokens as computed now, so the next step can go on."""
         for req_id, num_tokens in output.num_scheduled_tokens.items():
             self.requests[req_id].num_computed_tokens += num_tokens
+
+    def _forget_reported_finished(self) -> None:
+        """Finished ids are handed to the worker once, in the next step's output."""
         self.finished_req_ids = set()
 
     # -- after the model ran -----------------------------------------------------------
@@ -253,8 +286,7 @@ class Scheduler:
             tokens = list(sampled.get(req_id, []))
             drafts = output.scheduled_spec_decode_tokens.get(req_id)
             if drafts:
-                num_accepted = len(tokens) - 1
-                request.num_computed_tokens -= len(drafts) - num_accepted
+                request.num_computed_tokens -= self.num_rejected(drafts, tokens)
             status_before = request.status
             if tokens and self._append_outputs(request, tokens):
                 self._free_request(request)
@@ -265,6 +297,13 @@ class Scheduler:
             self.running = [r for r in self.running if r not in gone]
         if stopped_waiting:
             self.waiting.remove_all(stopped_waiting)
+
+    def num_rejected(self, drafts: list[int], tokens: list[int]) -> int:
+        """Drafts the model did not accept: it returns the accepted ones plus one of its own.
+
+        Their KV was written and counted as computed; it is taken back.
+        """
+        return len(drafts) - (len(tokens) - 1)
 
     def _append_outputs(self, request: Request, tokens: list[int]) -> bool:
         """Append tokens one by one; a stop drops the tokens after it."""

@@ -1,8 +1,9 @@
 """The worker's view: which KV slot each newly computed token is written to.
 
 Mirrors: vllm/v1/worker/block_table.py (BlockTable.add_row, append_row,
-compute_slot_mapping), fed the way vllm/v1/worker/gpu_model_runner.py feeds it
-from a SchedulerOutput.
+compute_slot_mapping).  vllm/v1/worker/gpu_model_runner.py feeds it from each
+SchedulerOutput: a new or resumed request's whole table with ``add_row``, a
+running request's new pages with ``append_row``.
 
 Slot of token position ``p`` = ``table[p // block_size] * block_size +
 p % block_size``.  Rows are fixed-size and never cleared: a row that is
@@ -10,8 +11,6 @@ rewritten keeps older entries past its new length, as vLLM's do.
 """
 
 from __future__ import annotations
-
-from reference.output import SchedulerOutput
 
 
 class WorkerBlockTable:
@@ -34,17 +33,10 @@ class WorkerBlockTable:
         self._row(row)[start:start + len(block_ids)] = block_ids
         self.lengths[row] = start + len(block_ids)
 
-    def apply(self, output: SchedulerOutput, row_of: dict[str, int]) -> None:
-        """Take in the page ids a scheduler output hands to the worker."""
-        for new in output.scheduled_new_reqs:
-            self.add_row(new.block_ids, row_of[new.req_id])
-        for cached in output.scheduled_cached_reqs:
-            if cached.resumed_from_preemption:
-                self.add_row(cached.new_block_ids or [], row_of[cached.req_id])
-            elif cached.new_block_ids is not None:
-                self.append_row(cached.new_block_ids, row_of[cached.req_id])
-
     def slots(self, row: int, first_position: int, num_tokens: int) -> list[int]:
         table = self._row(row)
-        bs = self.block_size
-        return [table[p // bs] * bs + p % bs for p in range(first_position, first_position + num_tokens)]
+        return [self.slot_of(table, p) for p in range(first_position, first_position + num_tokens)]
+
+    def slot_of(self, table: list[int], position: int) -> int:
+        """The page's first slot plus the position's offset inside the page."""
+        return table[position // self.block_size] * self.block_size + position % self.block_size

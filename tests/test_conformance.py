@@ -1,6 +1,7 @@
 """Conformance properties: generated streams must give vLLM's trace exactly.
 
-One property per area of the scheduler and one over the whole space.  Each
+One property per area of the scheduler and one over the whole space, each a
+test made from the registry in ``harness.properties``.  Each
 runs a stream through the installed vLLM and through the reference and
 compares every step (harness.diff).  A failure prints the first divergent
 step side by side and leaves the shrunk stream in counterexamples/<test>.json
@@ -14,9 +15,9 @@ import functools
 import pytest
 from hypothesis import given
 
-from harness import strategies as st
 from harness.conformance import KnownDivergent, assert_conforms
-from harness.golden import STREAMS_DIR
+from harness.paths import STREAMS_DIR
+from harness.properties import PROPERTIES
 
 pytestmark = [pytest.mark.conformance, pytest.mark.needs_vllm]
 
@@ -42,40 +43,19 @@ def _engines(vllm_engine):
     return vllm_engine
 
 
-@known_divergences_xfail
-@given(st.preemption_streams())
-def test_conformance_preemption(data):
-    assert_conforms(data, label="test_conformance_preemption")
+def _property_test(prop):
+    @known_divergences_xfail
+    @given(prop.strategy())
+    def test(data):
+        assert_conforms(data, label=prop.test_name)
+
+    test.__name__ = test.__qualname__ = prop.test_name
+    test.__doc__ = f"Streams of strategies.{prop.strategy.__name__} conform."
+    return test
 
 
-@known_divergences_xfail
-@given(st.prefix_cache_streams())
-def test_conformance_prefix_caching(data):
-    assert_conforms(data, label="test_conformance_prefix_caching")
-
-
-@known_divergences_xfail
-@given(st.chunked_prefill_streams())
-def test_conformance_chunked_prefill(data):
-    assert_conforms(data, label="test_conformance_chunked_prefill")
-
-
-@known_divergences_xfail
-@given(st.spec_decode_streams())
-def test_conformance_spec_decode(data):
-    assert_conforms(data, label="test_conformance_spec_decode")
-
-
-@known_divergences_xfail
-@given(st.stop_and_abort_streams())
-def test_conformance_stops_and_aborts(data):
-    assert_conforms(data, label="test_conformance_stops_and_aborts")
-
-
-@known_divergences_xfail
-@given(st.any_stream())
-def test_conformance_whole_space(data):
-    assert_conforms(data, label="test_conformance_whole_space")
+for _prop in PROPERTIES:
+    globals()[_prop.test_name] = _property_test(_prop)
 
 
 @pytest.mark.parametrize("path", sorted(STREAMS_DIR.glob("*.json")), ids=lambda p: p.stem)

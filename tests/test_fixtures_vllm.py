@@ -515,7 +515,7 @@ def test_finished_reported_next_step(vllm_engine):
 
 
 def test_engine_failure_is_a_verdict_not_a_crash(vllm_engine, monkeypatch):
-    from vllm.v1.core.sched.scheduler import Scheduler
+    from harness.engines.vllm_adapter import Scheduler  # vLLM's, as the adapter imports it
 
     real = Scheduler.update_from_output
     calls = []
@@ -538,12 +538,12 @@ def test_engine_failure_is_a_verdict_not_a_crash(vllm_engine, monkeypatch):
 
 
 def test_failure_in_schedule_is_reported(vllm_engine, monkeypatch):
-    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from harness.engines.vllm_adapter import Scheduler  # vLLM's, as the adapter imports it
 
     def broken(self, *args, **kwargs):
         raise AssertionError("no pages today")
 
-    monkeypatch.setattr(KVCacheManager, "allocate_slots", broken)
+    monkeypatch.setattr(Scheduler, "schedule", broken)
     t = run(vllm_engine, load_stream(STREAMS / "chunked_prefill_budget.json"))
     assert t.verdict == ENGINE_FAILURE
     assert t.failure["step"] == 0 and t.steps == []

@@ -11,7 +11,8 @@ import json
 import pytest
 
 from harness.diff import report
-from harness.golden import STREAMS_DIR, StaleTrace, replay_one, verify
+from harness.golden import StaleTrace, replay_one, verify
+from harness.paths import STREAMS_DIR
 
 TRACES_DIR = STREAMS_DIR.parent / "traces" / "vllm-0.11.0"
 TRACES = sorted(TRACES_DIR.glob("*.json"))

@@ -8,8 +8,8 @@ import pytest
 
 from harness import known
 from harness.conformance import Divergent, KnownDivergent, assert_conforms
-from harness.golden import STREAMS_DIR
-from harness.mutants import catalogue
+from harness.paths import STREAMS_DIR
+from harness.mutants import find
 
 
 def test_no_known_divergence_for_the_mirrored_version():
@@ -28,7 +28,7 @@ def test_matching_by_version_and_stream():
 def test_an_upgrade_divergence_is_named_or_strict(vllm_engine, monkeypatch):
     """Simulate an upgrade that stopped honouring stop tokens, then name it."""
     data = json.loads((STREAMS_DIR / "stop_token_ids_drop_after.json").read_text())
-    upgrade = next(m for m in catalogue() if m.name == "vllm_stop_tokens_ignored")
+    upgrade = find("vllm_stop_tokens_ignored")
     entry = known.KnownDivergence("stop_tokens_ignored", "the upgrade ignores stop_token_ids",
                                   ("0.11.0",), lambda s: True)
     monkeypatch.setattr(known, "KNOWN", [entry])

@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from reference.arith import cdiv
 from reference.kv_sizing import (
     DTYPE_BYTES,
     KVCacheLayout,
     ModelShape,
     NotEnoughKVCacheMemory,
-    cdiv,
     check_enough_kv_cache_memory,
     dtype_bytes,
     estimate_max_model_len,

@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 
 from harness import mutants
+from harness.mutants.hunt import hunt
+from harness.patches import Mutant
 
 pytestmark = [pytest.mark.conformance, pytest.mark.needs_vllm]
 
@@ -24,14 +26,13 @@ def test_catalogue_names_are_unique_and_documented():
 
 @pytest.mark.parametrize("name", FAST_SUBSET)
 def test_conformance_mutant_is_killed(name, vllm_engine):
-    mutant = next(m for m in mutants.catalogue() if m.name == name)
-    result = mutants.hunt(mutant, max_examples=100, shrink=False)
+    result = hunt(mutants.find(name), max_examples=100, shrink=False)
     assert result.killed, f"mutant {name} survived {result.examples} streams"
 
 
 def test_unpatched_reference_is_not_a_mutant(vllm_engine):
     """The hunt itself finds nothing when no rule is broken (a null mutant)."""
     import contextlib
-    null = mutants.Mutant("null", "nothing broken", "vllm/v1/core/sched/scheduler.py",
-                          contextlib.nullcontext)
-    assert not mutants.hunt(null, max_examples=15).killed
+    null = Mutant("null", "nothing broken", "vllm/v1/core/sched/scheduler.py",
+                  contextlib.nullcontext)
+    assert not hunt(null, max_examples=15).killed

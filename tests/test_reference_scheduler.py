@@ -82,7 +82,7 @@ def test_stop_rules_in_order():
     r.append_output_token(9)
     assert not check_stop(r, 100)
     r.append_output_token(8)
-    assert check_stop(r, 100) and r.stop_reason == 8
+    assert check_stop(r, 100) and r.status == RequestStatus.FINISHED_STOPPED
 
 
 def test_tokens_after_a_stop_token_are_dropped():

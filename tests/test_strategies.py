@@ -24,20 +24,15 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from harness import strategies as S
-from harness.engines.reference_engine import ReferenceEngine
+from harness.engines import get_engine
+from harness.properties import PROPERTIES
 from harness.runner import run
 from harness.stream import Config, Stream, parse_stream
 from harness.trace import Trace
 
+# Every property's strategy (harness.properties), plus the general one.
 STRATEGIES: dict[str, Callable[[], st.SearchStrategy]] = {
-    "streams": S.streams,
-    "preemption_streams": S.preemption_streams,
-    "prefix_cache_streams": S.prefix_cache_streams,
-    "chunked_prefill_streams": S.chunked_prefill_streams,
-    "spec_decode_streams": S.spec_decode_streams,
-    "stop_and_abort_streams": S.stop_and_abort_streams,
-    "any_stream": S.any_stream,
-}
+    "streams": S.streams, **{p.strategy.__name__: p.strategy for p in PROPERTIES}}
 
 # Explicit settings: the conftest profiles suppress some health checks; these
 # tests must show that the strategies pass all of them.
@@ -132,7 +127,7 @@ def test_drafts_fit_num_speculative_tokens(data):
 
 def reference_trace(data: dict[str, Any]) -> tuple[Stream, Trace]:
     stream = parse_stream(data)
-    return stream, run(ReferenceEngine(), stream)
+    return stream, run(get_engine("reference"), stream)
 
 
 def rules_reached(data: dict[str, Any]) -> set[str]:
@@ -183,21 +178,8 @@ def rules_reached(data: dict[str, Any]) -> set[str]:
     return reached
 
 
-# (rule, strategy that is meant to reach it)
-QUALITY_CASES = [
-    ("preempt_fcfs", "preemption_streams"),
-    ("preempt_priority", "preemption_streams"),
-    ("evict", "prefix_cache_streams"),
-    ("prefix_hit_after_preemption", "preemption_streams"),
-    ("draft_rejection", "spec_decode_streams"),
-    ("abort_waiting", "stop_and_abort_streams"),
-    ("abort_running", "stop_and_abort_streams"),
-    ("abort_preempted", "stop_and_abort_streams"),
-    ("chunked_prefill", "chunked_prefill_streams"),
-    ("eos_stop", "stop_and_abort_streams"),
-    ("stop_token_stop", "stop_and_abort_streams"),
-    ("max_model_len_stop", "stop_and_abort_streams"),
-]
+# (rule, strategy that is meant to reach it), from the property registry.
+QUALITY_CASES = [(rule, p.strategy.__name__) for p in PROPERTIES for rule in p.rules]
 ALL_RULES = {rule for rule, _ in QUALITY_CASES}
 
 

@@ -2,13 +2,16 @@
 
 Both engines turn one ``schedule()`` call into a :class:`Scheduled` record with
 plain Python values (no vLLM types), so the step loop, the scripted model and
-the trace writer are shared and never know which engine they drive.
+the trace writer are shared and never know which engine they drive.  The
+translation itself is written once, in :func:`to_scheduled`: an engine only
+lists what its scheduler output handed to the worker (:class:`Handed`) and
+what its hooks saw (:class:`Observed`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Iterable, Protocol
 
 from harness.stream import RequestSpec, Stream
 
@@ -80,3 +83,98 @@ class Engine(Protocol):
     def state(self, req_id: str) -> RequestState: ...
 
     def num_free_blocks(self) -> int: ...
+
+
+# -- the one translation into Scheduled ------------------------------------------------
+
+NEW, RESUMED, RUNNING = "new", "resumed", "running"
+
+
+@dataclass
+class Handed:
+    """One request as a scheduler output hands it to the worker.
+
+    ``block_ids`` has one list per KV cache group: the whole block table for
+    a ``new`` or ``resumed`` request, only the new pages for a ``running``
+    one (None when it got none).
+    """
+
+    req_id: str
+    kind: str  # NEW, RESUMED or RUNNING
+    block_ids: list[list[int]] | None
+    num_computed_tokens: int
+
+
+@dataclass
+class Observed:
+    """What an engine's hooks saw during one ``schedule()`` call."""
+
+    preempted: list[str] = field(default_factory=list)
+    hits: dict[str, int] = field(default_factory=dict)  # prefix lookups: tokens found
+    evicted: list[int] = field(default_factory=list)
+
+
+class WorkerTable(Protocol):
+    """The worker's block table: rows of page ids, and the KV slots they give."""
+
+    def add_row(self, block_ids: list[int], row: int) -> None: ...
+
+    def append_row(self, block_ids: list[int], row: int) -> None: ...
+
+    def slots(self, row: int, first_position: int, num_tokens: int) -> list[int]: ...
+
+
+def to_scheduled(handed: Iterable[Handed], num_scheduled_tokens: Iterable[tuple[str, int]],
+                 spec_tokens: dict[str, list[int]], finished: Iterable[str],
+                 computed_before: dict[str, int], observed: Observed, worker: WorkerTable,
+                 rows: dict[str, int],
+                 sizes: Callable[[str], tuple[int, int]]) -> Scheduled:
+    """One step in engine-neutral form.
+
+    ``computed_before`` is every request's ``num_computed_tokens`` before the
+    step; a handed request's own count replaces it.  ``sizes(req_id)`` gives
+    its ``(num_tokens, num_output_tokens)``.  The worker table is fed the
+    pages in the order the output lists them, as vLLM's model runner does.
+    """
+    computed_before = dict(computed_before)
+    new_block_ids: dict[str, list[list[int]]] = {}
+    admitted: list[str] = []
+    for h in handed:
+        computed_before[h.req_id] = h.num_computed_tokens
+        if h.block_ids is not None:
+            new_block_ids[h.req_id] = [list(g) for g in h.block_ids]
+        row = rows[h.req_id]
+        if h.kind == RUNNING:
+            if h.block_ids is not None:
+                worker.append_row(list(h.block_ids[0]), row)
+            continue
+        admitted.append(h.req_id)
+        worker.add_row(list(h.block_ids[0]) if h.block_ids else [], row)
+
+    scheduled = list(num_scheduled_tokens)
+    size = {rid: sizes(rid) for rid, _ in scheduled}
+    return Scheduled(
+        scheduled=scheduled,
+        new_block_ids=new_block_ids,
+        preempted=list(observed.preempted),
+        finished=sorted(finished),
+        prefix_hit_tokens={rid: observed.hits[rid] for rid in admitted if rid in observed.hits},
+        spec_tokens={rid: list(t) for rid, t in spec_tokens.items()},
+        computed_before={rid: computed_before[rid] for rid, _ in scheduled},
+        num_tokens={rid: size[rid][0] for rid, _ in scheduled},
+        num_outputs={rid: size[rid][1] for rid, _ in scheduled},
+        evicted=list(observed.evicted),
+        slots={rid: slot_ranges(worker.slots(rows[rid], computed_before[rid], n))
+               for rid, n in scheduled},
+    )
+
+
+def slot_ranges(slots: list[int]) -> list[list[int]]:
+    """Compress slot ids into [start, end) runs of consecutive slots."""
+    ranges: list[list[int]] = []
+    for slot in slots:
+        if ranges and ranges[-1][1] == slot:
+            ranges[-1][1] = slot + 1
+        else:
+            ranges.append([slot, slot + 1])
+    return ranges

@@ -8,9 +8,10 @@ from reference.request import Request, RequestStatus
 from reference.scheduler import Scheduler
 from reference.slot_mapping import WorkerBlockTable
 
-from harness.engines.base import RequestState, Scheduled
+from harness.engines.base import (NEW, RESUMED, RUNNING, Handed, Observed, RequestState,
+                                  Scheduled, to_scheduled)
 from harness.stream import RequestSpec, Stream
-from harness.trace import slot_ranges
+from reference.arith import cdiv
 
 MIRRORED_VLLM_VERSION = "0.11.0"
 
@@ -34,17 +35,16 @@ class Recorder:
         self.clear()
 
     def clear(self) -> None:
-        self.preempted: list[str] = []
-        self.hits: dict[str, int] = {}
-        self.evicted: list[int] = []
+        self.observed = Observed()
 
     def __call__(self, event: events.Event) -> None:
+        seen = self.observed
         if isinstance(event, events.Preempted):
-            self.preempted.append(event.request_id)
+            seen.preempted.append(event.request_id)
         elif isinstance(event, events.PrefixLookup):
-            self.hits[event.request_id] = event.num_hit_tokens
+            seen.hits[event.request_id] = event.num_hit_tokens
         elif isinstance(event, events.CachedBlockEvicted):
-            self.evicted.append(event.block_id)
+            seen.evicted.append(event.block_id)
 
 
 class ReferenceEngine:
@@ -60,7 +60,7 @@ class ReferenceEngine:
         self.requests: dict[str, Request] = {}
         self.rows: dict[str, int] = {}
         self.worker = WorkerBlockTable(self.config.block_size,
-                                       -(-self.config.max_model_len // self.config.block_size))
+                                       cdiv(self.config.max_model_len, self.config.block_size))
 
     def reset_prefix_cache(self) -> bool:
         return self.sched.reset_prefix_cache()
@@ -89,39 +89,17 @@ class ReferenceEngine:
         self.recorder.clear()
         out = self.sched.schedule()
         self._last_output = out
-        self.worker.apply(out, self.rows)
-
-        computed_before = dict(before)
-        new_block_ids: dict[str, list[list[int]]] = {}
-        admitted: list[str] = []
-        for data in out.scheduled_new_reqs:
-            new_block_ids[data.req_id] = [list(data.block_ids)]
-            computed_before[data.req_id] = data.num_computed_tokens
-            admitted.append(data.req_id)
-        for data in out.scheduled_cached_reqs:
-            computed_before[data.req_id] = data.num_computed_tokens
-            if data.new_block_ids is not None:
-                new_block_ids[data.req_id] = [list(data.new_block_ids)]
-            if data.resumed_from_preemption:
-                admitted.append(data.req_id)
-
-        scheduled = list(out.num_scheduled_tokens.items())
+        handed = [Handed(d.req_id, NEW, [list(d.block_ids)], d.num_computed_tokens)
+                  for d in out.scheduled_new_reqs]
+        handed += [Handed(d.req_id, RESUMED if d.resumed_from_preemption else RUNNING,
+                          None if d.new_block_ids is None else [list(d.new_block_ids)],
+                          d.num_computed_tokens)
+                   for d in out.scheduled_cached_reqs]
         reqs = self.requests
-        hits = self.recorder.hits
-        return Scheduled(
-            scheduled=scheduled,
-            new_block_ids=new_block_ids,
-            preempted=list(self.recorder.preempted),
-            finished=sorted(out.finished_req_ids),
-            prefix_hit_tokens={rid: hits[rid] for rid in admitted if rid in hits},
-            spec_tokens={rid: list(t) for rid, t in out.scheduled_spec_decode_tokens.items()},
-            computed_before={rid: computed_before[rid] for rid, _ in scheduled},
-            num_tokens={rid: reqs[rid].num_tokens for rid, _ in scheduled},
-            num_outputs={rid: reqs[rid].num_output_tokens for rid, _ in scheduled},
-            evicted=list(self.recorder.evicted),
-            slots={rid: slot_ranges(self.worker.slots(self.rows[rid], computed_before[rid], n))
-                   for rid, n in scheduled},
-        )
+        return to_scheduled(
+            handed, out.num_scheduled_tokens.items(), out.scheduled_spec_decode_tokens,
+            out.finished_req_ids, before, self.recorder.observed, self.worker, self.rows,
+            lambda rid: (reqs[rid].num_tokens, reqs[rid].num_output_tokens))
 
     def update(self, scheduled: Scheduled, sampled: dict[str, list[int]]) -> None:
         self.sched.update_from_output(self._last_output, sampled)

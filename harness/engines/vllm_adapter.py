@@ -21,17 +21,7 @@ stand-in object with exactly those two members takes its place.
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-os.environ.setdefault("DO_NOT_TRACK", "1")
-
-import warnings  # noqa: E402
-
-warnings.filterwarnings("ignore")
+from harness.engines import vllm_env  # noqa: F401  (before vLLM is imported)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -50,9 +40,11 @@ from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 from vllm.v1.worker.block_table import BlockTable  # noqa: E402
 
-from harness.engines.base import RequestState, Scheduled  # noqa: E402
-from harness.stream import MODELS_DIR, Config, RequestSpec, Stream  # noqa: E402
-from harness.trace import slot_ranges  # noqa: E402
+from harness.engines.base import (NEW, RESUMED, RUNNING, Handed, Observed,  # noqa: E402
+                                  RequestState, Scheduled, to_scheduled)
+from harness.paths import MODELS_DIR  # noqa: E402
+from harness.stream import Config, RequestSpec, Stream  # noqa: E402
+from reference.arith import cdiv  # noqa: E402
 
 VLLM_VERSION = vllm.__version__
 
@@ -68,6 +60,28 @@ class SpeculativeStandIn:
 
     def use_eagle(self) -> bool:
         return self.method == "eagle"
+
+
+class WorkerTable:
+    """vLLM's own worker ``BlockTable`` on the CPU, behind the harness's WorkerTable."""
+
+    def __init__(self, c: Config, num_requests: int):
+        self.table = BlockTable(
+            block_size=c.block_size, max_num_reqs=num_requests,
+            max_num_blocks_per_req=cdiv(c.max_model_len, c.block_size),
+            max_num_batched_tokens=c.max_num_batched_tokens,
+            pin_memory=False, device=torch.device("cpu"))
+
+    def add_row(self, block_ids: list[int], row: int) -> None:
+        self.table.add_row(block_ids, row)
+
+    def append_row(self, block_ids: list[int], row: int) -> None:
+        self.table.append_row(block_ids, row)
+
+    def slots(self, row: int, first_position: int, num_tokens: int) -> list[int]:
+        positions = np.arange(first_position, first_position + num_tokens, dtype=np.int64)
+        self.table.compute_slot_mapping(np.full(num_tokens, row, dtype=np.int64), positions)
+        return self.table.slot_mapping.np[:num_tokens].tolist()
 
 
 def model_config(name: str) -> ModelConfig:
@@ -131,11 +145,7 @@ class VllmEngine:
             self.hasher = get_request_block_hasher(c.block_size, hash_fn)
         self.requests: dict[str, Request] = {}
         self.rows: dict[str, int] = {}
-        self.block_table = BlockTable(
-            block_size=c.block_size, max_num_reqs=len(stream.requests),
-            max_num_blocks_per_req=-(-c.max_model_len // c.block_size),
-            max_num_batched_tokens=c.max_num_batched_tokens,
-            pin_memory=False, device=torch.device("cpu"))
+        self.worker = WorkerTable(c, len(stream.requests))
         self._install_hooks()
 
     # -- hooks -------------------------------------------------------------
@@ -144,9 +154,7 @@ class VllmEngine:
         kvm = self.sched.kv_cache_manager
         pool = kvm.block_pool
         self._in_schedule = False
-        self._preempted: list[str] = []
-        self._hits: dict[str, int] = {}
-        self._evicted: list[int] = []
+        self._observed = Observed()
 
         real_free = kvm.free
         real_lookup = kvm.get_computed_blocks
@@ -154,18 +162,18 @@ class VllmEngine:
 
         def free(request):
             if self._in_schedule:
-                self._preempted.append(request.request_id)
+                self._observed.preempted.append(request.request_id)
             return real_free(request)
 
         def get_computed_blocks(request):
             blocks, n = real_lookup(request)
-            self._hits[request.request_id] = n
+            self._observed.hits[request.request_id] = n
             return blocks, n
 
         def maybe_evict(block):
             evicted = real_evict(block)
             if evicted:
-                self._evicted.append(block.block_id)
+                self._observed.evicted.append(block.block_id)
             return evicted
 
         kvm.free = free
@@ -198,57 +206,26 @@ class VllmEngine:
 
     def schedule(self) -> Scheduled:
         before = {rid: r.num_computed_tokens for rid, r in self.sched.requests.items()}
-        self._preempted, self._hits, self._evicted = [], {}, []
+        self._observed = Observed()
         self._in_schedule = True
         try:
             out = self.sched.schedule()
         finally:
             self._in_schedule = False
         self._last_output = out
-
-        computed_before = dict(before)
-        new_block_ids: dict[str, list[list[int]]] = {}
-        admitted: list[str] = []
-        for data in out.scheduled_new_reqs:
-            new_block_ids[data.req_id] = [list(g) for g in data.block_ids]
-            computed_before[data.req_id] = data.num_computed_tokens
-            admitted.append(data.req_id)
-            self.block_table.add_row(list(data.block_ids[0]), self.rows[data.req_id])
+        handed = [Handed(d.req_id, NEW, [list(g) for g in d.block_ids], d.num_computed_tokens)
+                  for d in out.scheduled_new_reqs]
         cached = out.scheduled_cached_reqs
-        for i, rid in enumerate(cached.req_ids):
-            computed_before[rid] = cached.num_computed_tokens[i]
-            ids = cached.new_block_ids[i]
-            if ids is not None:
-                new_block_ids[rid] = [list(g) for g in ids]
-            if cached.resumed_from_preemption[i]:
-                admitted.append(rid)
-                self.block_table.add_row(list(ids[0]) if ids else [], self.rows[rid])
-            elif ids is not None:
-                self.block_table.append_row(list(ids[0]), self.rows[rid])
-
-        scheduled = list(out.num_scheduled_tokens.items())
-        slots = {}
-        for rid, n in scheduled:
-            start = computed_before[rid]
-            positions = np.arange(start, start + n, dtype=np.int64)
-            rows = np.full(n, self.rows[rid], dtype=np.int64)
-            self.block_table.compute_slot_mapping(rows, positions)
-            slots[rid] = slot_ranges(self.block_table.slot_mapping.np[:n].tolist())
-
+        handed += [Handed(rid, RESUMED if cached.resumed_from_preemption[i] else RUNNING,
+                          None if cached.new_block_ids[i] is None
+                          else [list(g) for g in cached.new_block_ids[i]],
+                          cached.num_computed_tokens[i])
+                   for i, rid in enumerate(cached.req_ids)]
         reqs = self.requests
-        return Scheduled(
-            scheduled=scheduled,
-            new_block_ids=new_block_ids,
-            preempted=list(self._preempted),
-            finished=sorted(out.finished_req_ids),
-            prefix_hit_tokens={rid: self._hits[rid] for rid in admitted if rid in self._hits},
-            spec_tokens={rid: list(t) for rid, t in out.scheduled_spec_decode_tokens.items()},
-            computed_before={rid: computed_before[rid] for rid, _ in scheduled},
-            num_tokens={rid: reqs[rid].num_tokens for rid, _ in scheduled},
-            num_outputs={rid: reqs[rid].num_output_tokens for rid, _ in scheduled},
-            evicted=list(self._evicted),
-            slots=slots,
-        )
+        return to_scheduled(
+            handed, out.num_scheduled_tokens.items(), out.scheduled_spec_decode_tokens,
+            out.finished_req_ids, before, self._observed, self.worker, self.rows,
+            lambda rid: (reqs[rid].num_tokens, reqs[rid].num_output_tokens))
 
     def update(self, scheduled: Scheduled, sampled: dict[str, list[int]]) -> None:
         ids = [rid for rid, _ in scheduled.scheduled]

@@ -15,7 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import seed as fixed_seed
 from hypothesis.errors import Flaky
 
-from harness.conformance import Divergent, Stats, assert_conforms
+from harness.conformance import Divergent, assert_conforms
+from harness.properties import by_name
+from harness.stats import Stats
 
 
 def _progress(done: int, total: int, started: float) -> None:
@@ -32,7 +34,7 @@ def _progress(done: int, total: int, started: float) -> None:
 
 
 def fuzz(examples: int, seed: int | None = None, profile: str | None = None) -> int:
-    from harness.strategies import any_stream
+    """Check ``examples`` streams of the whole space; 0 when none diverged, else 1."""
     if profile:
         settings.load_profile(profile)
     stats = Stats()
@@ -42,7 +44,7 @@ def fuzz(examples: int, seed: int | None = None, profile: str | None = None) -> 
     @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck),
               derandomize=False, print_blob=False,
               database=None if seed is not None else settings().database)
-    @given(any_stream())
+    @given(by_name("whole_space").strategy())
     def campaign(data):
         try:
             assert_conforms(data, label="fuzz", stats=stats)

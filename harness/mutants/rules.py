@@ -1,0 +1,276 @@
+"""The reference's mutants: each breaks one named rule of the reference.
+
+Every mutant is registered right above the function that replaces the rule:
+``@mutant(name, rule, mirrors, replaces=(owner, attribute))``, where ``rule``
+states the rule as the original keeps it and ``mirrors`` is the vLLM 0.11.0
+module it lives in.  The replacement is active only inside ``mutant.patch()``.
+"""
+
+from __future__ import annotations
+
+from harness.patches import (BLOCK_POOL, KV_CACHE_MANAGER, KV_CACHE_UTILS, REQUEST,
+                             REQUEST_QUEUE, SCHED_UTILS, SCHEDULER, SINGLE_TYPE,
+                             WORKER_BLOCK_TABLE, Mutant, replace)
+from reference import block_hash as rhash
+from reference import block_pool as rbp
+from reference import kv_cache_manager as rkv
+from reference import request as rreq
+from reference import request_queue as rq
+from reference import scheduler as rsched
+from reference import slot_mapping as rslots
+from reference.request import RequestStatus
+
+MUTANTS: list[Mutant] = []
+
+
+def mutant(name: str, rule: str, mirrors: str, replaces: tuple[object, str]):
+    """Register the decorated function as the replacement of ``replaces``."""
+    def register(fn):
+        MUTANTS.append(Mutant(name, rule, mirrors, replace(*replaces, fn)))
+        return fn
+    return register
+
+
+def register(name: str, rule: str, mirrors: str, replaces: tuple[object, str], new) -> None:
+    """Register a replacement that is not a function (a property, a constant)."""
+    MUTANTS.append(Mutant(name, rule, mirrors, replace(*replaces, new)))
+
+
+# -- the block pool and the KV cache manager --------------------------------------------
+
+@mutant("free_forward_order", "a request's pages are freed tail first", SINGLE_TYPE,
+        replaces=(rkv.KVCacheManager, "free_order"))
+def _head_first(self, table):
+    return table
+
+
+@mutant("evict_from_tail", "new pages come from the head of the free queue", KV_CACHE_UTILS,
+        replaces=(rbp.FreeBlockQueue, "next_to_go"))
+def _most_recently_freed(self):
+    return self._tail.prev_free
+
+
+@mutant("hit_without_last_token_cap", "a prefix hit leaves at least the last token to compute",
+        KV_CACHE_MANAGER, replaces=(rkv.KVCacheManager, "max_hit_tokens"))
+def _whole_request(self, request):
+    return request.num_tokens
+
+
+_longest_cache_hit = rkv.KVCacheManager.longest_cache_hit
+
+
+@mutant("hit_on_partial_block", "prefix hits cover whole pages within num_tokens - 1", SINGLE_TYPE,
+        replaces=(rkv.KVCacheManager, "longest_cache_hit"))
+def _rounded_up_to_a_page(self, block_hashes, max_length):
+    return _longest_cache_hit(self, block_hashes,
+                              rkv.cdiv(max_length, self.block_size) * self.block_size)
+
+
+@mutant("eagle_keeps_last_hit", "eagle drops the last hit page", SINGLE_TYPE,
+        replaces=(rkv.KVCacheManager, "trim_hit_for_eagle"))
+def _keep_every_hit(self, hit):
+    return None
+
+
+@mutant("prompt_logprobs_get_hits", "requests with prompt logprobs skip the prefix cache",
+        KV_CACHE_MANAGER, replaces=(rkv.KVCacheManager, "skips_prefix_cache"))
+def _only_without_caching(self, request):
+    return not self.enable_caching
+
+
+@mutant("cache_salt_ignored", "cache_salt is an extra key of the first block", KV_CACHE_UTILS,
+        replaces=(rhash, "extra_keys"))
+def _no_extra_keys(cache_salt, block_start):
+    return None
+
+
+_extend_block_hashes = rhash.extend_block_hashes
+
+
+@mutant("cache_draft_tokens", "only real tokens are cached, never drafts", KV_CACHE_MANAGER,
+        replaces=(rkv.KVCacheManager, "cache_blocks"))
+def _cache_with_drafts(self, request, num_tokens):
+    # Treat drafts as final: hash and cache the pages they fill too.
+    tokens = request.all_token_ids + request.spec_token_ids
+    hashes = list(request.block_hashes)
+    _extend_block_hashes(hashes, tokens, self.block_size, request.cache_salt)
+    num_full = min(num_tokens + len(request.spec_token_ids), len(tokens)) // self.block_size
+    num_cached = self.num_cached_block[request.request_id]
+    self.pool.cache_full_blocks(hashes, self.req_to_blocks[request.request_id], num_cached, num_full)
+    self.num_cached_block[request.request_id] = max(num_full, num_cached)
+
+
+@mutant("free_hits_not_counted", "prefix hits on free pages count as pages to allocate",
+        SINGLE_TYPE, replaces=(rkv.KVCacheManager, "free_hit_pages"))
+def _no_free_hits(self, hit):
+    return 0
+
+
+@mutant("hash_kept_on_reuse", "a cached page handed out again loses its hash", BLOCK_POOL,
+        replaces=(rbp.BlockPool, "_evict_if_cached"))
+def _keep_hash(self, block):
+    return None
+
+
+_pool_init = rbp.BlockPool.__init__
+
+
+@mutant("no_null_block", "page 0 is the null page, never handed out", BLOCK_POOL,
+        replaces=(rbp.BlockPool, "__init__"))
+def _page_zero_in_the_free_queue(self, num_blocks, enable_caching, emit=rbp.events.ignore):
+    _pool_init(self, num_blocks, enable_caching, emit)
+    self.free_queue.append_n([self.null_block])  # page 0 handed out like any other
+    self.null_block.is_null = False
+
+
+@mutant("reset_prefix_cache_always", "reset_prefix_cache is refused while pages are in use",
+        BLOCK_POOL, replaces=(rbp.BlockPool, "can_reset_prefix_cache"))
+def _always_resettable(self):
+    return True
+
+
+# -- the scheduler: running requests and preemption ---------------------------------------
+
+@mutant("fcfs_preempt_first_running", "fcfs preempts the last running request", SCHEDULER,
+        replaces=(rsched.Scheduler, "fcfs_victim"))
+def _first_running(self):
+    return self.running[0]
+
+
+@mutant("priority_victim_by_arrival_only", "priority victim is the max (priority, arrival)",
+        SCHEDULER, replaces=(rsched.Scheduler, "priority_victim"))
+def _newest_running(self):
+    return max(self.running, key=lambda r: r.arrival_time)
+
+
+@mutant("waiting_admitted_after_preemption",
+        "no waiting request is admitted in a step that preempted", SCHEDULER,
+        replaces=(rsched.Scheduler, "admits_waiting"))
+def _always_admits(self, plan):
+    return True
+
+
+_schedule_running = rsched.Scheduler._schedule_running
+
+
+@mutant("priority_quirk_fixed", "0.11.0 keeps a preempted victim's grant (fixed by PR #26661)",
+        SCHEDULER, replaces=(rsched.Scheduler, "_schedule_running"))
+def _victim_loses_its_grant(self, plan):
+    """vLLM after PR #26661: a preempted victim loses its grant in this step."""
+    _schedule_running(self, plan)
+    for victim in plan.preempted:
+        n = plan.num_scheduled_tokens.pop(victim.request_id, None)
+        if n is not None:
+            plan.token_budget += n
+            plan.new_block_ids.pop(victim.request_id, None)
+            plan.spec_tokens.pop(victim.request_id, None)
+
+
+@mutant("model_len_cap_off_by_one", "tokens are capped at max_model_len - 1 - computed",
+        SCHEDULER, replaces=(rsched.Scheduler, "cap_model_len"))
+def _cap_at_max_model_len(self, request, num_tokens):
+    return min(num_tokens, self.config.max_model_len - request.num_computed_tokens)
+
+
+_preempt = rsched.Scheduler._preempt
+
+
+@mutant("preempted_keep_progress", "a preempted request's num_computed_tokens drops to 0",
+        SCHEDULER, replaces=(rsched.Scheduler, "_preempt"))
+def _preempt_keeping_progress(self, victim, plan):
+    computed = victim.num_computed_tokens
+    _preempt(self, victim, plan)
+    victim.num_computed_tokens = min(computed, victim.num_tokens - 1)
+
+
+# -- the scheduler: waiting requests ------------------------------------------------------
+
+@mutant("threshold_ignored_when_waiting", "the long-prefill threshold caps waiting requests too",
+        SCHEDULER, replaces=(rsched.Scheduler, "waiting_tokens"))
+def _uncapped_waiting(self, request, num_computed):
+    return request.num_tokens - num_computed
+
+
+@mutant("max_num_seqs_off_by_one", "at most max_num_seqs requests run", SCHEDULER,
+        replaces=(rsched.Scheduler, "has_free_seat"))
+def _one_seat_too_many(self):
+    return len(self.running) <= self.config.max_num_seqs
+
+
+@mutant("skipped_waiting_to_tail", "with chunked prefill off, skipped requests go back to the head",
+        REQUEST_QUEUE, replaces=(rq.FcfsQueue, "prepend_all"))
+def _to_the_tail(self, other):
+    for request in other:
+        self.add(request)
+
+
+register("resumed_prompt_only", "a resumed request recomputes prompt and outputs", REQUEST,
+         (rreq.Request, "num_tokens"),
+         property(lambda r: len(r.all_token_ids) if r.status != RequestStatus.PREEMPTED
+                  else len(r.prompt_token_ids)))
+
+
+# -- speculative decoding -------------------------------------------------------------------
+
+register("eagle_no_lookahead", "eagle reserves num_speculative_tokens lookahead slots", SCHEDULER,
+         (rsched.Config, "num_lookahead_tokens"), property(lambda c: 0))
+
+_num_scheduled_drafts = rsched.Scheduler.num_scheduled_drafts
+
+
+@mutant("drafts_not_trimmed", "scheduled drafts are trimmed to the granted tokens", SCHEDULER,
+        replaces=(rsched.Scheduler, "num_scheduled_drafts"))
+def _every_draft(self, request, num_new):
+    return len(request.spec_token_ids) if _num_scheduled_drafts(self, request, num_new) > 0 else 0
+
+
+@mutant("rejected_drafts_not_subtracted",
+        "rejected drafts are taken back from num_computed_tokens", SCHEDULER,
+        replaces=(rsched.Scheduler, "num_rejected"))
+def _none_rejected(self, drafts, tokens):
+    return 0
+
+
+# -- stops and the output -------------------------------------------------------------------
+
+@mutant("tokens_after_stop_kept", "tokens after a stop are dropped", SCHEDULER,
+        replaces=(rsched.Scheduler, "_append_outputs"))
+def _append_past_stop(self, request, tokens):
+    stopped = False
+    for token in tokens:
+        request.append_output_token(token)
+        stopped = rsched.check_stop(request, self.config.max_model_len) or stopped
+    return stopped
+
+
+@mutant("eos_ignored", "EOS stops a request unless ignore_eos", SCHED_UTILS,
+        replaces=(rreq, "stopped_by_eos"))
+def _never_eos(request):
+    return False
+
+
+@mutant("finished_reported_again", "finished ids are reported once, on the next step", SCHEDULER,
+        replaces=(rsched.Scheduler, "_forget_reported_finished"))
+def _remember_finished(self):
+    self.finished_req_ids = set(self.finished_req_ids)
+
+
+@mutant("slot_offset_ignored", "a token's slot is page * block_size + its offset in the page",
+        WORKER_BLOCK_TABLE, replaces=(rslots.WorkerBlockTable, "slot_of"))
+def _page_start(self, table, position):
+    return table[position // self.block_size] * self.block_size
+
+
+# -- equivalent: no stream can tell them from the original -----------------------------------
+
+MUTANTS += [
+    Mutant("break_on_zero_tokens", "a running request with 0 tokens is skipped (continue)",
+           SCHEDULER, None,
+           equivalent="with synchronous scheduling a running request always has >= 1 token to "
+                      "compute (it holds num_tokens - 1 computed, and num_tokens < max_model_len); "
+                      "0 needs async scheduling, pipeline parallelism or encoder budgets"),
+    Mutant("threshold_after_budget", "long-prefill threshold applies before the budget",
+           SCHEDULER, None,
+           equivalent="a positive threshold caps like min(n, threshold), and min commutes with "
+                      "the budget's min: both orders give the same count"),
+]

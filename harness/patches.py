@@ -1,0 +1,44 @@
+"""Mutants as data: a named, one-rule deviation and the patch that applies it.
+
+A mutant breaks one rule for the duration of a ``with mutant.patch():`` block
+(no source is edited).  This module only defines the record and the patch
+helpers; the reference's mutants are in :mod:`harness.mutants`, vLLM's in
+:mod:`harness.engines.vllm_mutants`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable
+from unittest import mock
+
+Patch = Callable[[], contextlib.AbstractContextManager]
+
+# The vLLM 0.11.0 modules a mutant's rule lives in.
+SCHEDULER = "vllm/v1/core/sched/scheduler.py"
+KV_CACHE_MANAGER = "vllm/v1/core/kv_cache_manager.py"
+BLOCK_POOL = "vllm/v1/core/block_pool.py"
+REQUEST_QUEUE = "vllm/v1/core/sched/request_queue.py"
+SCHED_UTILS = "vllm/v1/core/sched/utils.py"
+SINGLE_TYPE = "vllm/v1/core/single_type_kv_cache_manager.py"
+KV_CACHE_UTILS = "vllm/v1/core/kv_cache_utils.py"
+REQUEST = "vllm/v1/request.py"
+WORKER_BLOCK_TABLE = "vllm/v1/worker/block_table.py"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    rule: str  # the rule it breaks, as the original states it
+    mirrors: str  # the vLLM 0.11.0 module the rule lives in
+    patch: Patch | None  # None only for an equivalent mutant
+    side: str = "reference"  # or "vllm"
+    # Why no stream can tell this mutant from the original, when that is so.
+    equivalent: str = ""
+
+
+def replace(obj, attr: str, new) -> Patch:
+    """Patch ``obj.attr`` with ``new`` while the mutant is active."""
+    return lambda: mock.patch.object(obj, attr, new)
+

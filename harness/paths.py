@@ -1,0 +1,43 @@
+"""Where the harness reads and writes, and how it writes.
+
+The bottom layer of ``harness/``: it imports nothing of the harness.  Every
+other module takes its folders from here and writes files only through
+:func:`write_atomic` (or :func:`write_json`), so that a reader never sees a
+half-written file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES_DIR = ROOT / "fixtures"
+MODELS_DIR = FIXTURES_DIR / "models"
+STREAMS_DIR = FIXTURES_DIR / "streams"
+TRACES_DIR = FIXTURES_DIR / "traces"
+DOCS_DIR = ROOT / "docs"
+
+#: Streams that diverged or made an engine fail, kept for replay (relative to
+#: the current directory).
+COUNTEREXAMPLES_DIR = Path("counterexamples")
+
+
+def golden_dir(vllm_version: str) -> Path:
+    """The recorded traces of the bundled streams for one vLLM version."""
+    return TRACES_DIR / f"vllm-{vllm_version}"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Indented JSON with sorted keys, the form of every file the harness keeps."""
+    write_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n")

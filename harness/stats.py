@@ -1,0 +1,61 @@
+"""What a campaign reached: rule counters read off vLLM's traces.
+
+The counters say how often each rule of the scheduler was exercised, so a
+campaign that never preempted, never hit the prefix cache or never rejected a
+draft says so instead of passing quietly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class Stats:
+    """Rule counters over the traces of one campaign."""
+
+    KEYS = ("streams", "steps", "preemptions_fcfs", "preemptions_priority", "prefix_hits",
+            "hits_after_preemption", "evictions", "chunked_prefills", "spec_tokens",
+            "spec_rejections", "aborted_waiting", "aborted_running", "aborted_preempted",
+            "max_steps_verdicts")
+
+    def __init__(self) -> None:
+        self.counts = dict.fromkeys(self.KEYS, 0)
+
+    def add(self, trace: dict[str, Any]) -> None:
+        c = self.counts
+        stream = trace["stream"]
+        policy = stream["config"]["policy"]
+        prompts = {r["id"]: len(r["prompt"]) for r in stream["requests"]}
+        c["streams"] += 1
+        c["steps"] += len(trace["steps"])
+        c["max_steps_verdicts"] += trace["verdict"] == "max_steps"
+        preempted_once: set[str] = set()
+        last_status: dict[str, str] = {}
+        for step in trace["steps"]:
+            c[f"preemptions_{policy}"] += len(step["preempted"])
+            for rid, n in step["prefix_hit_tokens"].items():
+                if n:
+                    c["prefix_hits"] += 1
+                    c["hits_after_preemption"] += rid in preempted_once
+            preempted_once.update(step["preempted"])
+            c["evictions"] += len(step["evicted"])
+            for rid, n in step["scheduled"]:
+                before = step["computed_before"][rid]
+                if before + n < prompts[rid] and not step["preempted"].count(rid):
+                    c["chunked_prefills"] += 1
+            for rid, drafts in step["spec_tokens"].items():
+                c["spec_tokens"] += len(drafts)
+                if len(step["emitted"].get(rid, [])) < len(drafts) + 1:
+                    c["spec_rejections"] += 1
+            for rid, status in step["status"].items():
+                if status == "FINISHED_ABORTED":
+                    kind = {"RUNNING": "running", "PREEMPTED": "preempted"}.get(
+                        last_status.get(rid, "WAITING"), "waiting")
+                    c[f"aborted_{kind}"] += 1
+                last_status[rid] = status
+
+    def unreached(self) -> list[str]:
+        return [k for k, v in self.counts.items() if v == 0 and k != "max_steps_verdicts"]
+
+    def summary(self) -> str:
+        return "  ".join(f"{k}={v}" for k, v in self.counts.items())

@@ -1,0 +1,145 @@
+"""The harness's structure: layers that only point down, and one vLLM boundary.
+
+Every module of ``harness/`` sits in one layer below; a module may import
+only modules of lower layers (imports inside functions count too).  A new
+module must be placed here, which makes its place in the structure a decision.
+Everything that imports ``vllm`` or ``torch`` lives under ``harness/engines/``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from harness.paths import ROOT
+
+LAYERS: list[tuple[str, ...]] = [
+    # foundations: files and atomic writes, the mutant record, named divergences, counters
+    ("paths", "patches", "known", "stats"),
+    # the input format; the reference's mutants (they patch only the reference)
+    ("stream", "mutants.rules"),
+    # the engine interface, kept streams, vLLM's environment
+    ("engines.base", "counterexamples", "engines.vllm_env"),
+    # the scripted model, traces, the two engines
+    ("model", "trace", "engines.reference_engine", "engines.vllm_adapter"),
+    # engines by name, vLLM's sizing and mutants; the step loop, the diff, the strategies
+    ("engines", "engines.vllm_kv_sizing", "engines.vllm_mutants", "runner", "diff",
+     "strategies"),
+    # comparing engines, recorded traces, tables, the benchmark, the property registry,
+    # the mutant catalogue
+    ("conformance", "golden", "table", "bench", "properties", "mutants"),
+    # campaigns and the mutant hunt
+    ("campaign", "mutants.hunt"),
+    # the main job
+    ("conformance_job",),
+    # the command line
+    ("cli",),
+    ("__main__",),
+]
+
+HARNESS = ROOT / "harness"
+BOUNDARY = HARNESS / "engines"
+FORBIDDEN_OUTSIDE_BOUNDARY = {"vllm", "torch"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(HARNESS).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(HARNESS.rglob("*.py")) if module_name(p)}
+
+
+def imports(path: Path) -> list[str]:
+    """Every module an import statement of ``path`` loads, anywhere in it.
+
+    ``from a.b import c`` loads ``a.b.c`` when that is a harness module, else ``a.b``.
+    """
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                names.append(full if full.removeprefix("harness.") in MODULES else node.module)
+    return names
+
+
+def harness_imports(path: Path) -> set[str]:
+    """The harness modules ``path`` imports (``from harness.x import y`` counts y if it is one)."""
+    own = module_name(path)
+    found = set()
+    for name in imports(path):
+        if name.startswith("harness."):
+            short = name.removeprefix("harness.")
+            if short in MODULES and short != own:
+                found.add(short)
+    return found
+
+
+def layer_of() -> dict[str, int]:
+    return {m: i for i, group in enumerate(LAYERS) for m in group}
+
+
+def test_every_module_has_a_layer():
+    placed = layer_of()
+    assert set(MODULES) == set(placed), (
+        f"unplaced: {sorted(set(MODULES) - set(placed))}; "
+        f"gone: {sorted(set(placed) - set(MODULES))}")
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_imports_only_point_down(name):
+    layer = layer_of()
+    upward = sorted(t for t in harness_imports(MODULES[name]) if layer[t] >= layer[name])
+    assert not upward, f"harness.{name} (layer {layer[name]}) imports {upward} from its layer or above"
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of ``graph`` as a path that ends where it starts, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt, path + [nxt])):
+                return cycle
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node, [node])):
+            return cycle
+    return None
+
+
+def test_no_import_cycle():
+    cycle = find_cycle({m: harness_imports(p) for m, p in MODULES.items()})
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_check_can_fail():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def forbidden_imports(path: Path) -> list[str]:
+    return [n for n in imports(path) if n.split(".")[0] in FORBIDDEN_OUTSIDE_BOUNDARY]
+
+
+def test_vllm_and_torch_only_under_engines():
+    outside = [p for p in HARNESS.rglob("*.py") if BOUNDARY not in p.parents]
+    tests = list((ROOT / "tests").rglob("*.py")) + [ROOT / "conftest.py"]
+    leaks = {str(p.relative_to(ROOT)): forbidden_imports(p) for p in outside + tests}
+    assert not {p: names for p, names in leaks.items() if names}
+
+
+def test_the_boundary_check_can_fail(tmp_path):
+    leaky = tmp_path / "leaky.py"
+    leaky.write_text("import torch\n\ndef f():\n    from vllm.v1.core import block_pool\n")
+    assert forbidden_imports(leaky) == ["torch", "vllm.v1.core"]

@@ -1,0 +1,384 @@
+"""Stream validation: every rule a stream can break gives one StreamError whose
+single-line message starts with the field path and states the rule.
+
+These tests never import vLLM: they must pass where vLLM is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.stream import Stream, StreamError, load_stream, parse_stream
+from stream_builders import SMALL, rejects, req, stream
+
+
+def test_valid_base_stream_parses():
+    s = parse_stream(stream())
+    assert isinstance(s, Stream)
+    assert s.config.block_size == 4
+    assert [r.id for r in s.requests] == ["a"]
+
+
+# ---------------------------------------------------------------------------
+# Unknown fields
+# ---------------------------------------------------------------------------
+
+
+def test_unknown_top_level_field():
+    msg = rejects(stream(confg={}), r"^confg: unknown field")
+    assert "allowed:" in msg
+
+
+def test_unknown_config_field():
+    rejects(stream(config={"blocksize": 16}), r"^config\.blocksize: unknown field$")
+
+
+def test_unknown_request_field():
+    rejects(stream(requests=[req(prio=1)]), r"^requests\[0\]\.prio: unknown field$")
+
+
+# ---------------------------------------------------------------------------
+# Wrong types
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key, value, rule", [
+    ("block_size", "16", "must be an integer"),
+    ("block_size", 16.0, "must be an integer"),
+    ("num_gpu_blocks", True, "must be an integer"),
+    ("max_num_seqs", None, "must be an integer"),
+    ("max_steps", [10], "must be an integer"),
+    ("enable_chunked_prefill", 1, "must be true or false"),
+    ("enable_prefix_caching", "true", "must be true or false"),
+    ("policy", 1, "must be a string"),
+    ("speculative_method", None, "must be a string"),
+    ("model", ["qwen2.5-0.5b"], "must be a string"),
+])
+def test_config_wrong_type(key, value, rule):
+    rejects(stream(config={key: value}), rf"^config\.{key}: {rule}$")
+
+
+def test_config_not_an_object():
+    rejects({"config": [], "requests": [req()]}, r"^config: must be a JSON object$")
+
+
+@pytest.mark.parametrize("key, value, rule", [
+    ("prompt", "1 2 3", "must be a list of integers"),
+    ("prompt", [1, "2"], "must be a list of integers"),
+    ("prompt", [1, True], "must be a list of integers"),
+    ("prompt", [1.0], "must be a list of integers"),
+    ("output", {"0": 4}, "must be a list of integers"),
+    ("stop_token_ids", 3, "must be a list of integers"),
+    ("arrival_step", "0", "must be an integer"),
+    ("arrival_step", False, "must be an integer"),
+    ("priority", 1.5, "must be an integer"),
+    ("max_tokens", "2", "must be an integer or null"),
+    ("eos_token_id", True, "must be an integer or null"),
+    ("abort_step", 2.0, "must be an integer or null"),
+    ("prompt_logprobs", "1", "must be an integer or null"),
+    ("ignore_eos", "yes", "must be true or false"),
+    ("ignore_eos", 0, "must be true or false"),
+    ("cache_salt", 7, "must be a string or null"),
+    ("drafts", "12", "must be a list of token lists"),
+])
+def test_request_wrong_type(key, value, rule):
+    rejects(stream(requests=[req(**{key: value})]), rf"^requests\[0\] \(a\)\.{key}: {rule}$")
+
+
+def test_draft_entry_wrong_type():
+    data = stream(config={"num_speculative_tokens": 2}, requests=[req(drafts=[[4], 5])])
+    rejects(data, r"^requests\[0\] \(a\)\.drafts\[1\]: must be a list of integers$")
+
+
+@pytest.mark.parametrize("value", [5, "", None])
+def test_request_id_must_be_non_empty_string(value):
+    rejects(stream(requests=[req(id=value)]), r"^requests\[0\]\.id: must be a non-empty string$")
+
+
+@pytest.mark.parametrize("key", ["id", "prompt", "output"])
+def test_request_required_field_missing(key):
+    r = req()
+    del r[key]
+    rejects(stream(requests=[r]), rf"^requests\[0\]\.{key}: required field is missing$")
+
+
+def test_request_not_an_object():
+    rejects(stream(requests=[["a", [1], [2]]]), r"^requests\[0\]: must be a JSON object$")
+
+
+@pytest.mark.parametrize("key, value", [("name", 3), ("name", None), ("description", ["x"])])
+def test_top_level_strings(key, value):
+    rejects(stream(**{key: value}), rf"^{key}: must be a string$")
+
+
+@pytest.mark.parametrize("value", ["3", [-1], [1, True], [1.0], {"0": 1}])
+def test_reset_prefix_cache_steps_type(value):
+    rejects(stream(reset_prefix_cache_steps=value),
+            r"^reset_prefix_cache_steps: must be a list of integers >= 0$")
+
+
+@pytest.mark.parametrize("data", [[], "stream", 3, None])
+def test_stream_not_an_object(data):
+    rejects(data, r"^stream: must be a JSON object$")
+
+
+def test_requests_missing():
+    rejects({"config": SMALL}, r"^requests: required field is missing$")
+
+
+def test_requests_not_a_list():
+    rejects(stream(requests={"a": req()}), r"^requests: must be a list$")
+
+
+def test_requests_empty():
+    rejects({"config": SMALL, "requests": []}, r"^requests: must hold at least one request$")
+
+
+# ---------------------------------------------------------------------------
+# Values out of range
+# ---------------------------------------------------------------------------
+
+SIZES = ["block_size", "num_gpu_blocks", "max_num_batched_tokens", "max_num_seqs",
+         "max_model_len", "max_steps"]
+
+
+@pytest.mark.parametrize("value", [0, -1])
+@pytest.mark.parametrize("key", SIZES)
+def test_sizes_must_be_positive(key, value):
+    rejects(stream(config={key: value}), rf"^config\.{key}: must be > 0$")
+
+
+@pytest.mark.parametrize("key", ["long_prefill_token_threshold", "num_speculative_tokens"])
+def test_counts_must_not_be_negative(key):
+    rejects(stream(config={key: -1}), rf"^config\.{key}: must be >= 0$")
+
+
+def test_num_gpu_blocks_at_least_two():
+    # max_model_len 4 fits one block, so only the null-block rule applies.
+    data = stream(config={"num_gpu_blocks": 1, "max_model_len": 4}, requests=[req(prompt=[1])])
+    rejects(data, r"^config\.num_gpu_blocks: must be >= 2 \(block 0 is the null block\)$")
+    data["config"]["num_gpu_blocks"] = 2
+    parse_stream(data)
+
+
+def test_bad_policy():
+    rejects(stream(config={"policy": "lifo"}), r'^config\.policy: must be "fcfs" or "priority"$')
+
+
+def test_bad_speculative_method():
+    rejects(stream(config={"speculative_method": "medusa"}),
+            r'^config\.speculative_method: must be "ngram" or "eagle"$')
+
+
+@pytest.mark.parametrize("model", ["no-such-model", "", "../models/qwen2.5-0.5b", "qwen2.5-0.5b/",
+                                   "."])
+def test_bad_model(model):
+    rejects(stream(config={"model": model}), r"^config\.model: no model config at fixtures/models/")
+
+
+@pytest.mark.parametrize("key, value, rule", [
+    ("prompt", [], "must hold at least 1 token"),
+    ("output", [], "must hold at least 1 token"),
+    ("prompt", [1, -2], "token ids must be >= 0"),
+    ("output", [-1], "token ids must be >= 0"),
+    ("stop_token_ids", [-5], "token ids must be >= 0"),
+    ("arrival_step", -1, "must be >= 0"),
+    ("max_tokens", 0, "must be > 0"),
+    ("max_tokens", -3, "must be > 0"),
+    ("eos_token_id", -1, "must be >= 0"),
+    ("prompt_logprobs", -1, "must be >= 0"),
+])
+def test_request_values_out_of_range(key, value, rule):
+    rejects(stream(requests=[req(**{key: value})]), rf"^requests\[0\] \(a\)\.{key}: {rule}")
+
+
+def test_duplicate_ids():
+    data = stream(requests=[req("a"), req("b"), req("a")])
+    rejects(data, r"^requests\[2\] \(a\)\.id: duplicate request id$")
+
+
+# ---------------------------------------------------------------------------
+# The output script must reach the point where the request stops
+# ---------------------------------------------------------------------------
+
+RUNS_OUT = r"^requests\[0\] \(a\)\.output: script has {have} token\(s\) but the request can only stop after {need} "
+
+
+def test_script_runs_out_before_max_tokens():
+    rejects(stream(requests=[req(output=[4, 5], max_tokens=5)]), RUNS_OUT.format(have=2, need=5))
+    parse_stream(stream(requests=[req(output=[4, 5, 6, 7, 8], max_tokens=5)]))
+
+
+def test_script_longer_than_max_tokens_is_fine():
+    s = parse_stream(stream(requests=[req(output=[4, 5, 6, 7], max_tokens=2)]))
+    assert s.requests[0].stop_index(32) == 1
+
+
+def test_script_runs_out_eos_never_reached():
+    data = stream(requests=[req(output=[4, 5, 6], max_tokens=10, eos_token_id=9)])
+    rejects(data, RUNS_OUT.format(have=3, need=10))
+
+
+def test_eos_in_script_stops_the_request():
+    parse_stream(stream(requests=[req(output=[4, 9], max_tokens=10, eos_token_id=9)]))
+
+
+def test_eos_ignored_script_runs_out():
+    data = stream(requests=[req(output=[4, 9], max_tokens=10, eos_token_id=9, ignore_eos=True)])
+    rejects(data, RUNS_OUT.format(have=2, need=10))
+
+
+def test_stop_token_in_script_stops_the_request():
+    parse_stream(stream(requests=[req(output=[4, 8, 6], max_tokens=10, stop_token_ids=[8])]))
+    # Stop tokens apply even with ignore_eos.
+    parse_stream(stream(requests=[req(output=[4, 8], max_tokens=10, stop_token_ids=[8],
+                                      ignore_eos=True)]))
+
+
+def test_script_runs_out_stop_token_never_reached():
+    data = stream(requests=[req(output=[4, 5], max_tokens=10, stop_token_ids=[99])])
+    rejects(data, RUNS_OUT.format(have=2, need=10))
+
+
+def test_script_runs_out_before_max_model_len():
+    # 30 prompt tokens, max_model_len 32: the request stops after 2 outputs.
+    prompt = list(range(30))
+    rejects(stream(requests=[req(prompt=prompt, output=[1], max_tokens=10)]),
+            RUNS_OUT.format(have=1, need=2))
+    parse_stream(stream(requests=[req(prompt=prompt, output=[1, 2], max_tokens=10)]))
+
+
+def test_prompt_must_be_shorter_than_max_model_len():
+    rejects(stream(requests=[req(prompt=list(range(32)))]),
+            r"^requests\[0\] \(a\)\.prompt: length 32 must be < max_model_len \(32\)$")
+    rejects(stream(requests=[req(prompt=list(range(40)))]),
+            r"^requests\[0\] \(a\)\.prompt: length 40 must be < max_model_len \(32\)$")
+    parse_stream(stream(requests=[req(prompt=list(range(31)), output=[1])]))
+
+
+# ---------------------------------------------------------------------------
+# Configs vLLM 0.11.0 refuses at start-up
+# ---------------------------------------------------------------------------
+
+
+def test_batched_tokens_below_max_num_seqs():
+    rejects(stream(config={"max_num_batched_tokens": 3, "max_num_seqs": 4}),
+            r"^config\.max_num_batched_tokens: must be >= max_num_seqs")
+    parse_stream(stream(config={"max_num_batched_tokens": 4, "max_num_seqs": 4}))
+
+
+def test_no_chunked_prefill_needs_max_model_len_budget():
+    rejects(stream(config={"enable_chunked_prefill": False, "max_num_batched_tokens": 31}),
+            r"^config\.max_num_batched_tokens: must be >= max_model_len when "
+            r"enable_chunked_prefill is false")
+    parse_stream(stream(config={"enable_chunked_prefill": False, "max_num_batched_tokens": 32}))
+    # With chunked prefill on, a small budget is fine.
+    parse_stream(stream(config={"enable_chunked_prefill": True, "max_num_batched_tokens": 4}))
+
+
+@pytest.mark.parametrize("max_model_len, needed", [(32, 8), (30, 8), (29, 8), (28, 7)])
+def test_pool_must_hold_one_max_model_len_request(max_model_len, needed):
+    config = {"max_model_len": max_model_len, "num_gpu_blocks": needed - 1}
+    rejects(stream(config=config),
+            rf"^config\.num_gpu_blocks: must be >= ceil\(max_model_len / block_size\) = {needed},")
+    parse_stream(stream(config={"max_model_len": max_model_len, "num_gpu_blocks": needed}))
+
+
+# ---------------------------------------------------------------------------
+# Aborts and drafts
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arrival, abort", [(0, 0), (3, 3), (3, 1), (0, -1)])
+def test_abort_step_after_arrival(arrival, abort):
+    rejects(stream(requests=[req(arrival_step=arrival, abort_step=abort)]),
+            r"^requests\[0\] \(a\)\.abort_step: must be > arrival_step$")
+
+
+def test_abort_step_valid():
+    s = parse_stream(stream(requests=[req(arrival_step=3, abort_step=4)]))
+    assert s.requests[0].abort_step == 4
+
+
+def test_drafts_need_speculative_decoding():
+    rejects(stream(requests=[req(drafts=[[4]])]),
+            r"^requests\[0\] \(a\)\.drafts: needs config\.num_speculative_tokens > 0$")
+
+
+def test_draft_longer_than_num_speculative_tokens():
+    data = stream(config={"num_speculative_tokens": 2}, requests=[req(drafts=[[4, 5], [1, 2, 3]])])
+    rejects(data, r"^requests\[0\] \(a\)\.drafts\[1\]: at most num_speculative_tokens \(2\) tokens$")
+
+
+def test_drafts_valid():
+    data = stream(config={"num_speculative_tokens": 2}, requests=[req(drafts=[[4, 5], [], [7]])])
+    assert parse_stream(data).requests[0].drafts == ((4, 5), (), (7,))
+
+
+# ---------------------------------------------------------------------------
+# Messages stay on one line
+# ---------------------------------------------------------------------------
+
+
+def test_id_with_newline_gives_one_line():
+    data = stream(requests=[req(id="a\nb", output=[4], max_tokens=3)])
+    msg = rejects(data, r"^requests\[0\] \(a\\nb\)\.output: script has 1 token")
+    assert "a\\nb" in msg
+
+
+def test_unknown_key_with_line_break_gives_one_line():
+    rejects(stream(**{"x\r\ny": 1}), r"^x\\r\\ny: unknown field")
+
+
+# ---------------------------------------------------------------------------
+# Files
+# ---------------------------------------------------------------------------
+
+
+def test_load_stream_valid_file_name_defaults_to_stem(tmp_path):
+    path = tmp_path / "my-stream.json"
+    path.write_text(json.dumps(stream()))
+    assert load_stream(path).name == "my-stream"
+    path.write_text(json.dumps(stream(name="given")))
+    assert load_stream(path).name == "given"
+
+
+def test_load_stream_prefixes_the_path(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(stream(config={"policy": "lifo"})))
+    with pytest.raises(StreamError, match=r"s\.json: config\.policy: must be") as info:
+        load_stream(path)
+    assert str(info.value).startswith(str(path))
+
+
+def test_invalid_json_file(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text('{"requests": [}\n')
+    with pytest.raises(StreamError, match=r"bad\.json: not valid JSON: .* at line 1$"):
+        load_stream(path)
+
+
+def test_non_utf8_file(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_bytes(b'\xff\xfe{"requests": []}')
+    with pytest.raises(StreamError, match=r"bad\.json: not valid JSON: not UTF-8"):
+        load_stream(path)
+
+
+def test_deeply_nested_json_file(tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(StreamError, match=r"deep\.json: not valid JSON: nested too deeply$"):
+        load_stream(path)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(StreamError, match=r"nope\.json: cannot read: No such file"):
+        load_stream(tmp_path / "nope.json")
+
+
+def test_folder_is_not_a_stream_file(tmp_path):
+    with pytest.raises(StreamError, match=r": cannot read: "):
+        load_stream(tmp_path)
