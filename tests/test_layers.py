@@ -143,3 +143,10 @@ def test_the_boundary_check_can_fail(tmp_path):
     leaky = tmp_path / "leaky.py"
     leaky.write_text("import torch\n\ndef f():\n    from vllm.v1.core import block_pool\n")
     assert forbidden_imports(leaky) == ["torch", "vllm.v1.core"]
+
+
+def test_architecture_doc_lists_the_same_layers():
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    for i, group in enumerate(LAYERS):
+        row = next((line for line in doc.splitlines() if line.startswith(f"| {i} |")), "")
+        assert sorted(m.strip("` ") for m in row.split("|")[2].split(",")) == sorted(group), i
