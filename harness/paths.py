@@ -19,6 +19,7 @@ MODELS_DIR = FIXTURES_DIR / "models"
 STREAMS_DIR = FIXTURES_DIR / "streams"
 TRACES_DIR = FIXTURES_DIR / "traces"
 DOCS_DIR = ROOT / "docs"
+STREAM_SCHEMA = Path(__file__).resolve().parent / "schemas" / "stream.schema.json"
 
 #: Streams that diverged or made an engine fail, kept for replay (relative to
 #: the current directory).

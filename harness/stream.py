@@ -2,32 +2,37 @@
 
 A stream is plain JSON: ``{"config": {...}, "requests": [...]}`` plus optional
 ``name``, ``description`` and ``reset_prefix_cache_steps``.  The format is
-documented in ``docs/stream-format.md`` and has a JSON Schema in
-``docs/stream.schema.json``.
+documented in ``docs/stream-format.md``.
 
-Every rule that a stream breaks is reported as a :class:`StreamError` whose
-message names the field and the rule, in one line; the CLI turns it into exit
-code 2.  Validation happens before any engine runs, so nothing is written
-half-way.
+Two sources of truth, no third: the JSON Schema
+``harness/schemas/stream.schema.json`` holds every shape and bound (types,
+ranges, sizes, unknown and missing fields, the message of each rule), and
+:func:`rule_errors` holds the rules that compare fields.  A stream that breaks
+rules raises one :class:`StreamError` listing every broken rule, one line
+each, naming the field and the rule; the CLI turns it into exit code 2.
+Validation happens before any engine runs, so nothing is written half-way.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-from dataclasses import asdict, dataclass, fields
+import math
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.paths import MODELS_DIR
+from harness.paths import MODELS_DIR, STREAM_SCHEMA
 from reference.arith import cdiv
 
 
 class StreamError(ValueError):
-    """A stream or config that breaks a rule; the message is one line."""
+    """A stream or config that breaks rules: one line per broken rule, in ``errors``."""
 
-    def __init__(self, message: str):
-        super().__init__(_one_line(str(message)))
+    def __init__(self, errors: str | list[str]):
+        self.errors = [_one_line(str(e)) for e in ([errors] if isinstance(errors, str) else errors)]
+        super().__init__("\n".join(self.errors))
 
 
 def _one_line(text: str) -> str:
@@ -139,206 +144,273 @@ def _request_json(r: RequestSpec) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------
-# Parsing and validation
+# Reading, parsing and validation
 # ---------------------------------------------------------------------------
 
-_TOP_FIELDS = {"config", "requests", "name", "description", "reset_prefix_cache_steps"}
-_CONFIG_TYPES = {f.name: f.type for f in fields(Config)}
-_REQUEST_REQUIRED = ("id", "prompt", "output")
-_REQUEST_FIELDS = {f.name for f in fields(RequestSpec)}
+#: A stream file larger than this is refused before it is read.
+MAX_FILE_BYTES = 64 << 20
+#: Prompt, output and draft tokens of all requests together.
+MAX_TOTAL_TOKENS = 4_000_000
 
 
 def load_stream(path: str | Path) -> Stream:
-    """Read and validate a stream file; raises StreamError with one line."""
+    """Read and validate a stream file; raises StreamError with one line per error."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise StreamError(f"{path}: file is larger than {MAX_FILE_BYTES >> 20} MiB")
+        text = path.read_bytes().decode("utf-8")
     except OSError as exc:
         raise StreamError(f"{path}: cannot read: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
         raise StreamError(f"{path}: not valid JSON: not UTF-8 text (byte {exc.start})") from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_refuse_duplicate_keys)
     except json.JSONDecodeError as exc:
         raise StreamError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno}") from None
     except RecursionError:
         raise StreamError(f"{path}: not valid JSON: nested too deeply") from None
+    except _DuplicateKey as exc:
+        raise StreamError(f"{path}: not valid JSON: key {exc.args[0]!r} appears twice in one object") from None
     try:
-        return parse_stream(data, default_name=path.stem)
+        return parse_stream(data, default_name=safe_name(path.stem))
     except StreamError as exc:
-        raise StreamError(f"{path}: {exc}") from None
+        raise StreamError([f"{path}: {m}" for m in exc.errors]) from None
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def safe_name(text: str) -> str:
+    """A stream name from any text (a file name): every character a name may not hold becomes '_'."""
+    name = "".join(ch if ch.isascii() and (ch.isalnum() or ch in "_.-") else "_" for ch in text)
+    if name[:1] in (".", "-"):
+        name = "_" + name[1:]
+    return name[:128] or "stream"
 
 
 def parse_stream(data: Any, default_name: str = "") -> Stream:
-    """Build a validated Stream from JSON data."""
-    if not isinstance(data, dict):
-        raise StreamError("stream: must be a JSON object")
-    for key in data:
-        if key not in _TOP_FIELDS:
-            raise StreamError(f"{key}: unknown field (allowed: {', '.join(sorted(_TOP_FIELDS))})")
-    config = _parse_config(data.get("config", {}))
-    if "requests" not in data:
-        raise StreamError("requests: required field is missing")
-    raw_requests = data["requests"]
-    if not isinstance(raw_requests, list):
-        raise StreamError("requests: must be a list")
-    if not raw_requests:
-        raise StreamError("requests: must hold at least one request")
-    requests = tuple(_parse_request(i, r) for i, r in enumerate(raw_requests))
-    name = _expect_str(data, "name", "name", default=default_name)
-    description = _expect_str(data, "description", "description", default="")
-    resets = data.get("reset_prefix_cache_steps", [])
-    if not isinstance(resets, list) or not all(_is_int(s) and s >= 0 for s in resets):
-        raise StreamError("reset_prefix_cache_steps: must be a list of integers >= 0")
-    stream = Stream(config, requests, name or "", description or "", tuple(sorted(set(resets))))
-    _check_stream(stream)
+    """Build a validated Stream from JSON data; every error of the data at once."""
+    errors = shape_errors(data)
+    if errors:
+        raise StreamError(errors)
+    stream = _build(data, default_name)
+    errors = rule_errors(stream)
+    if errors:
+        raise StreamError(errors)
     return stream
 
+
+def _build(data: dict[str, Any], default_name: str) -> Stream:
+    """A Stream from data whose shape the schema accepted."""
+    requests = tuple(RequestSpec(**{
+        **r,
+        "prompt": tuple(r["prompt"]), "output": tuple(r["output"]),
+        "stop_token_ids": tuple(r.get("stop_token_ids", ())),
+        "drafts": tuple(tuple(d) for d in r.get("drafts", ())),
+    }) for r in data["requests"])
+    return Stream(Config(**data.get("config", {})), requests,
+                  data.get("name", default_name), data.get("description", ""),
+                  tuple(sorted(set(data.get("reset_prefix_cache_steps", ())))))
+
+
+# -- shapes and bounds: the JSON Schema ------------------------------------------------
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _expect_str(d: dict, key: str, where: str, default: Any) -> Any:
-    v = d.get(key, default)
-    if not isinstance(v, str):
-        raise StreamError(f"{where}: must be a string")
-    return v
+@functools.cache
+def schema() -> dict[str, Any]:
+    return json.loads(STREAM_SCHEMA.read_text())
 
 
-def _parse_config(raw: Any) -> Config:
-    if not isinstance(raw, dict):
-        raise StreamError("config: must be a JSON object")
-    for key, value in raw.items():
-        if key not in _CONFIG_TYPES:
-            raise StreamError(f"config.{key}: unknown field")
-        want = _CONFIG_TYPES[key]
-        if want == "int" and not _is_int(value):
-            raise StreamError(f"config.{key}: must be an integer")
-        if want == "bool" and not isinstance(value, bool):
-            raise StreamError(f"config.{key}: must be true or false")
-        if want == "str" and not isinstance(value, str):
-            raise StreamError(f"config.{key}: must be a string")
-    c = Config(**raw)
-    _check_config(c)
-    return c
+@functools.cache
+def _validator():
+    import jsonschema
+    base = jsonschema.Draft202012Validator
+    # JSON Schema's "integer" takes 16.0; a stream must say 16.
+    checker = base.TYPE_CHECKER.redefine("integer", lambda _checker, value: _is_int(value))
+    standard_items = base.VALIDATORS["items"]
+
+    def items(validator, subschema, instance, owner):
+        # A list of bounded integers (a token list) is checked in one pass; only a
+        # list with a bad item goes through the item-by-item validation that names it.
+        if isinstance(instance, list) and _int_range_only(subschema):
+            lo, hi = subschema.get("minimum", -math.inf), subschema.get("maximum", math.inf)
+            if all(type(x) is int and lo <= x <= hi for x in instance):
+                return
+        yield from standard_items(validator, subschema, instance, owner)
+
+    cls = jsonschema.validators.extend(base, validators={"items": items}, type_checker=checker)
+    return cls(schema())
 
 
-def _check_config(c: Config) -> None:
-    for key in ("block_size", "num_gpu_blocks", "max_num_batched_tokens", "max_num_seqs",
-                "max_model_len", "max_steps"):
-        if getattr(c, key) <= 0:
-            raise StreamError(f"config.{key}: must be > 0")
-    for key in ("long_prefill_token_threshold", "num_speculative_tokens"):
-        if getattr(c, key) < 0:
-            raise StreamError(f"config.{key}: must be >= 0")
-    if c.num_gpu_blocks < 2:
-        raise StreamError("config.num_gpu_blocks: must be >= 2 (block 0 is the null block)")
-    if c.policy not in ("fcfs", "priority"):
-        raise StreamError('config.policy: must be "fcfs" or "priority"')
-    if c.speculative_method not in ("ngram", "eagle"):
-        raise StreamError('config.speculative_method: must be "ngram" or "eagle"')
-    if (not c.model or "/" in c.model or "\\" in c.model or c.model.startswith(".")
-            or not (MODELS_DIR / c.model / "config.json").is_file()):
-        raise StreamError(f"config.model: no model config at fixtures/models/{c.model}/config.json")
+def _int_range_only(subschema: Any) -> bool:
+    if not isinstance(subschema, dict) or subschema.get("type") != "integer":
+        return False
+    return all(k in ("type", "minimum", "maximum", "description") or k.startswith("x-")
+               for k in subschema)
+
+
+_TYPE_WORDS = {"integer": "an integer", "boolean": "true or false", "string": "a string",
+               "object": "a JSON object", "array": "a list", "null": "null"}
+
+
+def shape_errors(data: Any) -> list[str]:
+    """One line per field that breaks a schema rule (field path, then the rule).
+
+    A field that breaks several rules reports the first: its type if that is wrong.
+    """
+    found = sorted(_validator().iter_errors(data), key=lambda e: e.validator != "type")
+    lines: dict[str, str] = {}
+    for error in found:
+        for line in _describe(error, data):
+            lines.setdefault(line.split(": ", 1)[0], line)
+    return sorted(lines.values(), key=_document_order(data))
+
+
+def _document_order(data: Any):
+    """Sort key: top-level fields, then config, then requests by index, as a reader meets them."""
+    order = {"name": 0, "description": 1, "config": 2, "reset_prefix_cache_steps": 3, "requests": 4}
+
+    def key(line: str):
+        head = line.split(": ", 1)[0]
+        field = head.split(".", 1)[0].split("[", 1)[0]
+        index = head[len("requests["):].split("]", 1)[0] if head.startswith("requests[") else ""
+        return (order.get(field, -1), int(index) if index.isdigit() else -1, head)
+    return key
+
+
+def _describe(error, data: Any) -> list[str]:
+    path = list(error.absolute_path)
+    node = error.schema if isinstance(error.schema, dict) else {}
+    if node.get("x-report-at-parent") and path:
+        path = path[:-1]
+    keyword, value = error.validator, error.validator_value
+    custom = node.get("x-messages", {}).get(keyword)
+    if keyword == "additionalProperties":
+        allowed = node.get("properties", {})
+        extra = sorted(set(error.instance) - set(allowed))
+        return [f"{_where(path + [k], data)}: unknown field (allowed: {', '.join(sorted(allowed))})"
+                for k in extra]
+    if keyword == "required":
+        missing = [k for k in value if k not in error.instance]
+        return [f"{_where(path + [k], data)}: required field is missing" for k in missing]
+    if custom:
+        rule = custom
+    elif keyword == "type":
+        kinds = value if isinstance(value, list) else [value]
+        rule = "must be " + " or ".join(_TYPE_WORDS[k] for k in kinds)
+    elif keyword == "enum":
+        rule = "must be " + " or ".join(json.dumps(v) for v in value)
+    elif keyword == "minimum":
+        rule = f"must be >= {value}"
+    elif keyword == "maximum":
+        rule = f"must be <= {value:,}"
+    elif keyword == "minItems":
+        rule = f"must hold at least {value} item(s)"
+    elif keyword == "maxItems":
+        rule = f"must hold at most {value:,} item(s)"
+    elif keyword == "maxLength":
+        rule = f"must be at most {value:,} characters"
+    else:
+        rule = error.message
+    return [f"{_where(path, data)}: {rule}"]
+
+
+def _where(path: list, data: Any) -> str:
+    """``requests[0] (a).prompt``: the field path, with the request's id when it has one."""
+    if not path:
+        return "stream"
+    out = ""
+    for i, part in enumerate(path):
+        if isinstance(part, int):
+            out += f"[{part}]"
+            if i == 1 and path[0] == "requests" and len(path) > 2:
+                rid = _request_id(data, part)
+                if rid is not None:
+                    out += f" ({rid})"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _request_id(data: Any, index: int) -> str | None:
+    try:
+        rid = data["requests"][index]["id"]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return rid if isinstance(rid, str) and rid else None
+
+
+# -- rules across fields: code -----------------------------------------------------------
+
+def rule_errors(s: Stream) -> list[str]:
+    """One line per cross-field rule the (well-shaped) stream breaks."""
+    return _config_errors(s.config) + _request_errors(s)
+
+
+def _config_errors(c: Config) -> list[str]:
+    errors = []
+    model_config = MODELS_DIR / c.model / "config.json"
+    if c.model.startswith(".") or not model_config.is_file():
+        return [f"config.model: no model config at fixtures/models/{c.model}/config.json"]
     # The rules below are the ones vLLM 0.11.0 itself enforces at start-up.
-    limit = json.loads((MODELS_DIR / c.model / "config.json").read_text()).get("max_position_embeddings")
+    limit = json.loads(model_config.read_text()).get("max_position_embeddings")
     if isinstance(limit, int) and c.max_model_len > limit:
-        raise StreamError(f"config.max_model_len: must be <= the model's max_position_embeddings ({limit})")
+        errors.append(f"config.max_model_len: must be <= the model's max_position_embeddings ({limit})")
     if c.max_num_batched_tokens < c.max_num_seqs:
-        raise StreamError("config.max_num_batched_tokens: must be >= max_num_seqs (vLLM SchedulerConfig)")
+        errors.append("config.max_num_batched_tokens: must be >= max_num_seqs (vLLM SchedulerConfig)")
     if not c.enable_chunked_prefill and c.max_num_batched_tokens < c.max_model_len:
-        raise StreamError("config.max_num_batched_tokens: must be >= max_model_len when "
-                          "enable_chunked_prefill is false (vLLM SchedulerConfig)")
+        errors.append("config.max_num_batched_tokens: must be >= max_model_len when "
+                      "enable_chunked_prefill is false (vLLM SchedulerConfig)")
     needed = cdiv(c.max_model_len, c.block_size)
     if c.num_gpu_blocks < needed:
-        raise StreamError(f"config.num_gpu_blocks: must be >= ceil(max_model_len / block_size) = {needed}, "
-                          "enough KV cache for one max_model_len request (vLLM start-up check)")
+        errors.append(f"config.num_gpu_blocks: must be >= ceil(max_model_len / block_size) = {needed}, "
+                      "enough KV cache for one max_model_len request (vLLM start-up check)")
+    return errors
 
 
-def _int_list(value: Any, where: str, min_len: int = 0) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(_is_int(t) for t in value):
-        raise StreamError(f"{where}: must be a list of integers")
-    if any(t < 0 for t in value):
-        raise StreamError(f"{where}: token ids must be >= 0")
-    if len(value) < min_len:
-        raise StreamError(f"{where}: must hold at least {min_len} token(s)")
-    return tuple(value)
-
-
-def _parse_request(index: int, raw: Any) -> RequestSpec:
-    where = f"requests[{index}]"
-    if not isinstance(raw, dict):
-        raise StreamError(f"{where}: must be a JSON object")
-    for key in raw:
-        if key not in _REQUEST_FIELDS:
-            raise StreamError(f"{where}.{key}: unknown field")
-    for key in _REQUEST_REQUIRED:
-        if key not in raw:
-            raise StreamError(f"{where}.{key}: required field is missing")
-    if not isinstance(raw["id"], str) or not raw["id"]:
-        raise StreamError(f"{where}.id: must be a non-empty string")
-    where = f"requests[{index}] ({raw['id']})"
-    kw: dict[str, Any] = {
-        "id": raw["id"],
-        "prompt": _int_list(raw["prompt"], f"{where}.prompt", min_len=1),
-        "output": _int_list(raw["output"], f"{where}.output", min_len=1),
-    }
-    for key in ("arrival_step", "priority"):
-        if key in raw:
-            if not _is_int(raw[key]):
-                raise StreamError(f"{where}.{key}: must be an integer")
-            kw[key] = raw[key]
-    if kw.get("arrival_step", 0) < 0:
-        raise StreamError(f"{where}.arrival_step: must be >= 0")
-    for key in ("max_tokens", "eos_token_id", "abort_step", "prompt_logprobs"):
-        if raw.get(key) is not None:
-            if not _is_int(raw[key]):
-                raise StreamError(f"{where}.{key}: must be an integer or null")
-            kw[key] = raw[key]
-    if kw.get("max_tokens") is not None and kw["max_tokens"] <= 0:
-        raise StreamError(f"{where}.max_tokens: must be > 0")
-    if kw.get("eos_token_id") is not None and kw["eos_token_id"] < 0:
-        raise StreamError(f"{where}.eos_token_id: must be >= 0")
-    if kw.get("prompt_logprobs") is not None and kw["prompt_logprobs"] < 0:
-        raise StreamError(f"{where}.prompt_logprobs: must be >= 0")
-    if kw.get("abort_step") is not None and kw["abort_step"] <= kw.get("arrival_step", 0):
-        raise StreamError(f"{where}.abort_step: must be > arrival_step")
-    if "stop_token_ids" in raw:
-        kw["stop_token_ids"] = _int_list(raw["stop_token_ids"], f"{where}.stop_token_ids")
-    if "ignore_eos" in raw:
-        if not isinstance(raw["ignore_eos"], bool):
-            raise StreamError(f"{where}.ignore_eos: must be true or false")
-        kw["ignore_eos"] = raw["ignore_eos"]
-    if raw.get("cache_salt") is not None:
-        if not isinstance(raw["cache_salt"], str):
-            raise StreamError(f"{where}.cache_salt: must be a string or null")
-        kw["cache_salt"] = raw["cache_salt"]
-    if "drafts" in raw:
-        if not isinstance(raw["drafts"], list):
-            raise StreamError(f"{where}.drafts: must be a list of token lists")
-        kw["drafts"] = tuple(_int_list(d, f"{where}.drafts[{j}]") for j, d in enumerate(raw["drafts"]))
-    return RequestSpec(**kw)
-
-
-def _check_stream(s: Stream) -> None:
+def _request_errors(s: Stream) -> list[str]:
     c = s.config
+    errors = []
     seen: set[str] = set()
+    total = 0
     for i, r in enumerate(s.requests):
         where = f"requests[{i}] ({r.id})"
+        total += len(r.prompt) + len(r.output) + sum(len(d) for d in r.drafts)
         if r.id in seen:
-            raise StreamError(f"{where}.id: duplicate request id")
+            errors.append(f"{where}.id: duplicate request id")
         seen.add(r.id)
+        if r.abort_step is not None and r.abort_step <= r.arrival_step:
+            errors.append(f"{where}.abort_step: must be > arrival_step")
         if len(r.prompt) >= c.max_model_len:
-            raise StreamError(f"{where}.prompt: length {len(r.prompt)} must be < max_model_len "
-                              f"({c.max_model_len})")
-        needed = r.stop_index(c.max_model_len) + 1
-        if len(r.output) < needed:
-            raise StreamError(f"{where}.output: script has {len(r.output)} token(s) but the request "
-                              f"can only stop after {needed} (max_tokens, max_model_len, EOS or stop token)")
+            errors.append(f"{where}.prompt: length {len(r.prompt)} must be < max_model_len "
+                          f"({c.max_model_len})")
+        else:
+            needed = r.stop_index(c.max_model_len) + 1
+            if len(r.output) < needed:
+                errors.append(f"{where}.output: script has {len(r.output)} token(s) but the request "
+                              "can only stop after "
+                              f"{needed} (max_tokens, max_model_len, EOS or stop token)")
         if r.drafts and not s.speculative:
-            raise StreamError(f"{where}.drafts: needs config.num_speculative_tokens > 0")
+            errors.append(f"{where}.drafts: needs config.num_speculative_tokens > 0")
         for j, d in enumerate(r.drafts):
-            if len(d) > c.num_speculative_tokens:
-                raise StreamError(f"{where}.drafts[{j}]: at most num_speculative_tokens "
-                                  f"({c.num_speculative_tokens}) tokens")
+            if s.speculative and len(d) > c.num_speculative_tokens:
+                errors.append(f"{where}.drafts[{j}]: at most num_speculative_tokens "
+                              f"({c.num_speculative_tokens}) tokens")
+    if total > MAX_TOTAL_TOKENS:
+        errors.append(f"requests: {total:,} tokens in all (prompts, outputs, drafts); "
+                      f"at most {MAX_TOTAL_TOKENS:,}")
+    return errors

@@ -1,4 +1,4 @@
-"""The JSON Schema (docs/stream.schema.json) agrees with the parser and the dataclasses."""
+"""The JSON Schema (harness/schemas/stream.schema.json) agrees with the parser and the dataclasses."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ from dataclasses import MISSING, fields
 
 import pytest
 
-from harness.paths import DOCS_DIR, STREAMS_DIR
+from harness.paths import STREAM_SCHEMA, STREAMS_DIR
 from harness.stream import Config, RequestSpec, Stream, StreamError, load_stream, parse_stream
 from stream_builders import MINIMAL, req, stream
 
-SCHEMA_PATH = DOCS_DIR / "stream.schema.json"
+SCHEMA_PATH = STREAM_SCHEMA
 FIXTURE_STREAMS = sorted(STREAMS_DIR.glob("*.json"))
 
 
 # ---------------------------------------------------------------------------
-# JSON Schema (docs/stream.schema.json)
+# JSON Schema (harness/schemas/stream.schema.json)
 # ---------------------------------------------------------------------------
 
 VALID_STREAMS = [

@@ -32,11 +32,11 @@ def test_unknown_top_level_field():
 
 
 def test_unknown_config_field():
-    rejects(stream(config={"blocksize": 16}), r"^config\.blocksize: unknown field$")
+    rejects(stream(config={"blocksize": 16}), r"^config\.blocksize: unknown field \(allowed: block_size, ")
 
 
 def test_unknown_request_field():
-    rejects(stream(requests=[req(prio=1)]), r"^requests\[0\]\.prio: unknown field$")
+    rejects(stream(requests=[req(prio=1)]), r"^requests\[0\] \(a\)\.prio: unknown field \(allowed: ")
 
 
 # ---------------------------------------------------------------------------
@@ -101,7 +101,8 @@ def test_request_id_must_be_non_empty_string(value):
 def test_request_required_field_missing(key):
     r = req()
     del r[key]
-    rejects(stream(requests=[r]), rf"^requests\[0\]\.{key}: required field is missing$")
+    label = "" if key == "id" else r" \(a\)"  # a request with an id is named by it
+    rejects(stream(requests=[r]), rf"^requests\[0\]{label}\.{key}: required field is missing$")
 
 
 def test_request_not_an_object():
@@ -140,8 +141,7 @@ def test_requests_empty():
 # Values out of range
 # ---------------------------------------------------------------------------
 
-SIZES = ["block_size", "num_gpu_blocks", "max_num_batched_tokens", "max_num_seqs",
-         "max_model_len", "max_steps"]
+SIZES = ["block_size", "max_num_batched_tokens", "max_num_seqs", "max_model_len", "max_steps"]
 
 
 @pytest.mark.parametrize("value", [0, -1])
@@ -155,9 +155,10 @@ def test_counts_must_not_be_negative(key):
     rejects(stream(config={key: -1}), rf"^config\.{key}: must be >= 0$")
 
 
-def test_num_gpu_blocks_at_least_two():
+@pytest.mark.parametrize("value", [1, 0, -1])
+def test_num_gpu_blocks_at_least_two(value):
     # max_model_len 4 fits one block, so only the null-block rule applies.
-    data = stream(config={"num_gpu_blocks": 1, "max_model_len": 4}, requests=[req(prompt=[1])])
+    data = stream(config={"num_gpu_blocks": value, "max_model_len": 4}, requests=[req(prompt=[1])])
     rejects(data, r"^config\.num_gpu_blocks: must be >= 2 \(block 0 is the null block\)$")
     data["config"]["num_gpu_blocks"] = 2
     parse_stream(data)
@@ -382,3 +383,137 @@ def test_missing_file(tmp_path):
 def test_folder_is_not_a_stream_file(tmp_path):
     with pytest.raises(StreamError, match=r": cannot read: "):
         load_stream(tmp_path)
+
+
+# ---------------------------------------------------------------------------
+# Every error of a stream at once
+# ---------------------------------------------------------------------------
+
+
+def test_every_error_is_reported_at_once():
+    data = stream(config={"block_size": "16", "policy": "lifo", "max_steps": 0},
+                  requests=[req(prompt=[1, -2]), req("b", output="x", extra=1), {"id": "c"}])
+    with pytest.raises(StreamError) as info:
+        parse_stream(data)
+    assert info.value.errors == [
+        "config.block_size: must be an integer",
+        "config.max_steps: must be > 0",
+        'config.policy: must be "fcfs" or "priority"',
+        "requests[0] (a).prompt: token ids must be >= 0",
+        "requests[1] (b).extra: unknown field (allowed: abort_step, arrival_step, cache_salt, "
+        "drafts, eos_token_id, id, ignore_eos, max_tokens, output, prio"
+        "rity, prompt, prompt_logprobs, stop_token_ids)",
+        "requests[1] (b).output: must be a list of integers",
+        "requests[2] (c).output: required field is missing",
+        "requests[2] (c).prompt: required field is missing",
+    ]
+    assert str(info.value).count("\n") == len(info.value.errors) - 1
+
+
+def test_cross_field_errors_are_reported_together():
+    data = stream(config={"max_num_batched_tokens": 3, "max_num_seqs": 4},
+                  requests=[req(), req(), req("b", abort_step=1, arrival_step=2)])
+    with pytest.raises(StreamError) as info:
+        parse_stream(data)
+    assert [e.split(":")[0] for e in info.value.errors] == [
+        "config.max_num_batched_tokens", "requests[1] (a).id", "requests[2] (b).abort_step"]
+
+
+def test_duplicated_json_keys_are_an_error(tmp_path):
+    path = tmp_path / "dup.json"
+    path.write_text('{"requests": [{"id": "a", "prompt": [1], "output": [2], "prompt": [3]}]}')
+    with pytest.raises(StreamError, match=r"^.*dup\.json: not valid JSON: key 'prompt' appears "
+                                          r"twice in one object$"):
+        load_stream(path)
+
+
+# ---------------------------------------------------------------------------
+# Bounds: every size has an upper limit, from the schema
+# ---------------------------------------------------------------------------
+
+M = 1 << 20
+
+BOUNDS = [  # (stream, field, rule)
+    (stream(config={"num_gpu_blocks": M + 1}), "config.num_gpu_blocks", f"must be <= {M:,}"),
+    (stream(config={"block_size": 1025}), "config.block_size", "must be <= 1,024"),
+    (stream(config={"max_num_batched_tokens": M + 1}), "config.max_num_batched_tokens",
+     f"must be <= {M:,}"),
+    (stream(config={"max_num_seqs": 1025}), "config.max_num_seqs", "must be <= 1,024"),
+    (stream(config={"max_model_len": M + 1}), "config.max_model_len", f"must be <= {M:,}"),
+    (stream(config={"long_prefill_token_threshold": M + 1}),
+     "config.long_prefill_token_threshold", f"must be <= {M:,}"),
+    (stream(config={"num_speculative_tokens": 65}), "config.num_speculative_tokens",
+     "must be <= 64"),
+    (stream(config={"max_steps": 10 ** 12}), "config.max_steps", "must be <= 100,000"),
+    (stream(config={"model": "m" * 129}), "config.model", "must be at most 128 characters"),
+    (stream(requests=[req(str(i)) for i in range(4097)]), "requests",
+     "must hold at most 4,096 item(s)"),
+    (stream(requests=[req(prompt=[2 ** 31])]), "requests[0] (a).prompt",
+     "token ids must be < 2**31"),
+    (stream(requests=[req(output=[1] * (M + 1))]), "requests[0] (a).output",
+     f"must hold at most {M:,} item(s)"),
+    (stream(requests=[req(arrival_step=100_001)]), "requests[0] (a).arrival_step",
+     "must be <= 100,000"),
+    (stream(requests=[req(abort_step=10 ** 9)]), "requests[0] (a).abort_step", "must be <= 100,000"),
+    (stream(requests=[req(max_tokens=M + 1)]), "requests[0] (a).max_tokens", f"must be <= {M:,}"),
+    (stream(requests=[req(priority=2 ** 31)]), "requests[0] (a).priority",
+     "must be <= 2,147,483,647"),
+    (stream(requests=[req(priority=-2 ** 31 - 1)]), "requests[0] (a).priority",
+     "must be >= -2147483648"),
+    (stream(requests=[req(stop_token_ids=list(range(257)))]), "requests[0] (a).stop_token_ids",
+     "must hold at most 256 item(s)"),
+    (stream(requests=[req(id="x" * 257)]), "requests[0]", None),  # id too long: named by index
+    (stream(requests=[req(cache_salt="s" * 1025)]), "requests[0] (a).cache_salt",
+     "must be at most 1,024 characters"),
+    (stream(requests=[req(prompt_logprobs=21)]), "requests[0] (a).prompt_logprobs",
+     "must be <= 20"),
+    (stream(reset_prefix_cache_steps=list(range(10_001))), "reset_prefix_cache_steps",
+     "must hold at most 10,000 item(s)"),
+    (stream(description="d" * 10_001), "description", "must be at most 10,000 characters"),
+]
+
+
+@pytest.mark.parametrize("data, field, rule", BOUNDS, ids=[f"{b[1]}" for b in BOUNDS])
+def test_every_size_is_bounded(data, field, rule):
+    with pytest.raises(StreamError) as info:
+        parse_stream(data)
+    (line,) = info.value.errors
+    assert line.startswith(field)
+    if rule:
+        assert line.endswith(f": {rule}")
+
+
+def test_total_tokens_are_bounded():
+    big = [1] * 30_000
+    data = stream(config={"max_model_len": 32_768, "num_gpu_blocks": 9000},
+                  requests=[req(str(i), prompt=big, output=big) for i in range(70)])
+    rejects(data, r"^requests: 4,200,000 tokens in all \(prompts, outputs, drafts\); "
+                  r"at most 4,000,000$")
+
+
+def test_file_size_is_bounded(tmp_path):
+    path = tmp_path / "huge.json"
+    with path.open("wb") as f:
+        f.truncate((64 << 20) + 1)  # sparse: nothing is written
+    with pytest.raises(StreamError, match=r"huge\.json: file is larger than 64 MiB$"):
+        load_stream(path)
+
+
+# ---------------------------------------------------------------------------
+# Names: they become file names
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["../../escape", "a/b", "..", ".hidden", "-x", "a b", "x" * 129,
+                                  "C:\\\\evil", "é"])
+def test_name_cannot_leave_a_folder(name):
+    rejects(stream(name=name), r"^name: must be 1-128 characters of letters, digits")
+
+
+def test_default_name_comes_from_the_file_name_made_safe(tmp_path):
+    path = tmp_path / "my stream (v2).json"
+    path.write_text(json.dumps(stream()))
+    assert load_stream(path).name == "my_stream__v2_"
+    dot = tmp_path / ".json"  # a dot file: its stem is ".json"
+    dot.write_text(json.dumps(stream()))
+    assert load_stream(dot).name == "_json"
