@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test conformance fuzz mutants record bench clean
+.PHONY: install test conformance fuzz mutants record bench clean distclean
 
 install: $(STAMP)
 
@@ -33,5 +33,11 @@ record: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m harness bench
 
+# Caches and outputs; the ~10 GB environment stays (see distclean).
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf .pytest_cache .hypothesis counterexamples build *.egg-info
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# Everything clean removes, and the environment.
+distclean: clean
+	rm -rf $(VENV)

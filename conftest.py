@@ -1,12 +1,8 @@
 """Shared pytest setup: hypothesis profiles and the vLLM availability gate.
 
-Profiles (select with ``--hypothesis-profile NAME``):
-
-* ``ci``      -- the default under ``CI=true``: derandomized, 250 streams per
-                 property (1,500 in all), so ``pytest -k conformance`` fits in CI.
-* ``dev``     -- the default locally: fewer examples, random seeds.
-* ``nightly`` -- tens of thousands of streams, random, with the example
-                 database so a failure found once is replayed first next time.
+Profiles are those of ``harness.profiles`` (``ci``, ``dev``, ``nightly``):
+``ci`` when hypothesis detects a CI system, ``dev`` otherwise; select one with
+``--hypothesis-profile NAME``.
 """
 
 from __future__ import annotations
@@ -15,18 +11,10 @@ import importlib.util
 import os
 
 import pytest
-from hypothesis import HealthCheck, Phase, settings
 
-_SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+from harness import profiles
 
-settings.register_profile("ci", max_examples=250, derandomize=True, deadline=None,
-                          database=None, suppress_health_check=_SLOW_OK, print_blob=True)
-settings.register_profile("dev", max_examples=50, deadline=None,
-                          suppress_health_check=_SLOW_OK, print_blob=True)
-settings.register_profile("nightly", max_examples=5000, deadline=None, derandomize=False,
-                          suppress_health_check=_SLOW_OK, print_blob=True,
-                          phases=list(Phase))
-settings.load_profile("ci" if os.environ.get("CI") == "true" else "dev")
+profiles.load()
 
 
 def vllm_missing_reason() -> str | None:
@@ -71,3 +59,39 @@ def _mutant_from_environment():
         raise pytest.UsageError(f"HARNESS_MUTANT: unknown mutant {name!r}")
     with mutant.patch():
         yield
+
+
+# -- tests leave nothing behind ----------------------------------------------------------
+
+# Caches and build output that are allowed to appear in the working tree.
+_ALLOWED_LEFTOVERS = (".venv/", ".pytest_cache/", ".hypothesis/", "__pycache__/", ".egg-info/",
+                      "build/")
+
+
+def _leftovers(root) -> set[str] | None:
+    """Untracked and ignored paths in the working tree (folders collapsed), or None outside git."""
+    import subprocess
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=normal"],
+                             cwd=root, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    paths = {line[3:] for line in out.stdout.splitlines() if line[:2] in ("??", "!!")}
+    return {p for p in paths if not any(a in p for a in _ALLOWED_LEFTOVERS)}
+
+
+def pytest_sessionstart(session):
+    session.config._leftovers_before = _leftovers(session.config.rootpath)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A passing run must not have written files into the working tree."""
+    before = getattr(session.config, "_leftovers_before", None)
+    if exitstatus != 0 or before is None:
+        return
+    new = sorted((_leftovers(session.config.rootpath) or set()) - before)
+    if new:
+        print(f"\nerror: the tests left files in the working tree: {', '.join(new)}")
+        session.exitstatus = 1

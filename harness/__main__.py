@@ -1,4 +1,3 @@
-from harness.cli import main
-import sys
+from harness.cli import run
 
-sys.exit(main())
+run()

@@ -1,71 +1,185 @@
 """``python -m harness fuzz``: a hypothesis campaign, reference vs the installed vLLM.
 
-Shows a progress bar, shrinks any divergence to a small stream written to
+Shows progress, shrinks any divergence to a small stream written to
 ``counterexamples/fuzz.json``, and ends with a summary of what the campaign
 reached (preemptions per policy, prefix hits, evictions, chunked prefills,
 spec rejections, aborts of each kind).
+
+Ctrl-C (SIGINT) or SIGTERM stops the campaign at the next stream: the summary
+so far is printed, the counterexample shrunk so far stays on disk, and the
+result says ``interrupted`` (exit 130).  A second signal stops at once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+import threading
 import time
+from dataclasses import dataclass, field
+from typing import Iterator
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import seed as fixed_seed
 from hypothesis.errors import Flaky
 
+from harness import profiles
 from harness.conformance import Divergent, assert_conforms
 from harness.properties import by_name
 from harness.stats import Stats
 
+LABEL = "fuzz"
 
-def _progress(done: int, total: int, started: float) -> None:
-    """A bar redrawn in place on a terminal; a line per tenth of the campaign otherwise."""
-    tenth = max(total // 10, 1)
-    if not sys.stderr.isatty() and done % tenth and done != total:
+
+class Interrupted(BaseException):
+    """Raised inside the property when a stop was asked for; hypothesis lets it through."""
+
+
+@dataclass
+class CampaignResult:
+    examples: int  # streams asked for
+    profile: str
+    seed: int | None
+    stats: Stats
+    shrink_runs: int = 0
+    seconds: float = 0.0
+    divergence: str | None = None  # the report of the shrunk counterexample
+    interrupted: bool = False
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def outcome(self) -> str:
+        if self.interrupted:
+            return "interrupted"
+        return "diverged" if self.divergence else "clean"
+
+    def to_json(self) -> dict:
+        return {"outcome": self.outcome, "profile": self.profile, "seed": self.seed,
+                "examples_asked": self.examples, "streams_checked": self.stats.counts["streams"],
+                "shrink_runs": self.shrink_runs, "seconds": round(self.seconds, 1),
+                "rules": dict(self.stats.counts), "unreached": self.stats.unreached(),
+                "divergence": self.divergence}
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[threading.Event]:
+    """An event set by the first SIGINT or SIGTERM; the second one stops at once."""
+    stop = threading.Event()
+
+    def handler(signum, frame):
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    caught = (signal.SIGINT, signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread():
+        yield stop  # signals reach only the main thread; nothing to install
         return
-    width = 30
-    filled = min(width, width * done // max(total, 1))
-    rate = done / max(time.monotonic() - started, 1e-9)
-    line = f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} streams ({rate:.0f}/s)"
-    sys.stderr.write(f"\r{line}" if sys.stderr.isatty() else f"{line}\n")
-    sys.stderr.flush()
-
-
-def fuzz(examples: int, seed: int | None = None, profile: str | None = None) -> int:
-    """Check ``examples`` streams of the whole space; 0 when none diverged, else 1."""
-    if profile:
-        settings.load_profile(profile)
-    stats = Stats()
-    started = time.monotonic()
-    failure: list[str] = []
-
-    @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck),
-              derandomize=False, print_blob=False,
-              database=None if seed is not None else settings().database)
-    @given(by_name("whole_space").strategy())
-    def campaign(data):
-        try:
-            assert_conforms(data, label="fuzz", stats=stats)
-        finally:
-            _progress(stats.counts["streams"], examples, started)
-
-    if seed is not None:
-        campaign = fixed_seed(seed)(campaign)
+    previous = {s: signal.signal(s, handler) for s in caught}
     try:
-        campaign()
-    except (Divergent, Flaky) as exc:
-        failure.append(str(exc))
-    if sys.stderr.isatty():
-        sys.stderr.write("\n")
-    print(f"summary: {stats.summary()}")
-    missing = stats.unreached()
+        yield stop
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+class Progress:
+    """A bar redrawn in place on a terminal; a line per tenth of the campaign otherwise."""
+
+    def __init__(self, total: int):
+        self.total = total
+        self.started = time.monotonic()
+        self.tty = sys.stderr.isatty()
+
+    def update(self, done: int, shrinking: int = 0) -> None:
+        tenth = max(self.total // 10, 1)
+        if not self.tty and (shrinking or (done % tenth and done != self.total)):
+            return
+        width = 30
+        filled = min(width, width * done // max(self.total, 1))
+        rate = done / max(time.monotonic() - self.started, 1e-9)
+        line = f"[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} streams ({rate:.0f}/s)"
+        if shrinking:
+            line += f", shrinking a divergence ({shrinking} runs)"
+        sys.stderr.write(f"\r{line}" if self.tty else f"{line}\n")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            sys.stderr.write("\n")
+
+
+def run_campaign(examples: int | None = None, seed: int | None = None,
+                 profile: str | None = None) -> CampaignResult:
+    """Check streams of the whole space until ``examples`` have run, one diverges, or a stop."""
+    name = profiles.load(profile)
+    base = settings()
+    examples = examples or base.max_examples
+    result = CampaignResult(examples, name, seed, Stats())
+    progress = Progress(examples)
+    started = time.monotonic()
+    failed = False
+
+    with stop_on_signals() as stop:
+        @settings(base, max_examples=examples, print_blob=False, deadline=None,
+                  suppress_health_check=list(HealthCheck),
+                  derandomize=base.derandomize and seed is None,
+                  database=None if seed is not None else base.database)
+        @given(by_name("whole_space").strategy())
+        def campaign(data):
+            nonlocal failed
+            if stop.is_set():
+                raise Interrupted
+            # After the first failure hypothesis only shrinks: those runs are not new streams.
+            stats = None if failed else result.stats
+            if failed:
+                result.shrink_runs += 1
+            try:
+                assert_conforms(data, label=LABEL, stats=stats)
+            except Divergent:
+                failed = True
+                raise
+            finally:
+                progress.update(result.stats.counts["streams"], result.shrink_runs)
+
+        if seed is not None:
+            campaign = fixed_seed(seed)(campaign)
+        try:
+            campaign()
+        except (Divergent, Flaky) as exc:
+            result.divergence = str(exc)
+        except (Interrupted, KeyboardInterrupt):
+            result.interrupted = True
+    progress.close()
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def summary_lines(r: CampaignResult) -> list[str]:
+    lines = [f"summary: {r.stats.summary()}"]
+    missing = r.stats.unreached()
     if missing:
-        print(f"not reached in this campaign: {', '.join(missing)}")
-    if failure:
-        print(failure[0])
-        return 1
-    print(f"{stats.counts['streams']} streams, no divergence "
-          f"({time.monotonic() - started:.0f} s)")
-    return 0
+        lines.append(f"not reached in this campaign: {', '.join(missing)}")
+    checked = r.stats.counts["streams"]
+    if r.interrupted:
+        lines.append(f"interrupted after {checked} of {r.examples} streams ({r.seconds:.0f} s)"
+                     + ("; the counterexample shrunk so far is in counterexamples/fuzz.json"
+                        if r.shrink_runs else ""))
+    elif r.divergence:
+        lines.append(r.divergence)
+    else:
+        lines.append(f"{checked} streams, no divergence ({r.seconds:.0f} s)")
+    return lines
+
+
+def fuzz(examples: int | None = None, seed: int | None = None, profile: str | None = None,
+         as_json: bool = False) -> int:
+    """The ``fuzz`` command: 0 clean, 1 a divergence, 130 interrupted."""
+    import json
+    r = run_campaign(examples, seed, profile)
+    if as_json:
+        print(json.dumps(r.to_json(), indent=1, sort_keys=True))
+    else:
+        print("\n".join(summary_lines(r)))
+    return {"clean": 0, "diverged": 1, "interrupted": 130}[r.outcome]

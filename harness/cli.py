@@ -1,7 +1,16 @@
-"""``python -m harness``: trace, check, table, record, replay, fuzz, mutants, conformance, bench.
+"""``python -m harness`` (or ``vllm-conformance``): trace, check, table, record, replay,
+fuzz, mutants, conformance, bench.
 
-Exit codes: 0 equal / done, 1 a divergence or an engine failure, 2 bad input
-(one line naming the field and the rule, nothing written).
+Exit codes:
+
+====  =====================================================================
+0     equal, clean, done
+1     a divergence, or an engine failed on a stream
+2     bad input or usage: one line per error naming the field and the rule;
+      nothing written
+3     the installed vLLM cannot be driven: one line naming what is missing
+130   interrupted (Ctrl-C or SIGTERM); a campaign prints its summary so far
+====  =====================================================================
 
 This module only parses arguments and dispatches; each command's work is a
 function of the library module named in its handler.
@@ -13,16 +22,59 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import NoReturn, Sequence
 
-from harness.engines import ENGINE_NAMES, UnknownEngine, get_engine
+from harness import __version__
+from harness.engines import ENGINE_NAMES, EngineUnavailable, UnknownEngine, get_engine
+from harness.paths import golden_dir
 from harness.stream import Stream, StreamError, load_stream
 
-EXIT_OK, EXIT_DIFF, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_DIFF, EXIT_BAD_INPUT, EXIT_CANNOT_DRIVE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
 class UsageError(Exception):
     """Bad command-line input: reported in one line, exit 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage error in one line (no usage block) and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"error: {self.prog.split()[-1]}: {message}\n")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} must be > 0")
+    return value
+
+
+def output_folder(text: str) -> Path:
+    """An output folder: created if missing; an existing file or an unwritable folder is refused."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"-o {text}: is a file, not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"-o {text}: cannot create the folder: {exc.strerror}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(f"-o {text}: the folder is not writable")
+    return path
+
+
+def unique_names(streams: Sequence[Stream]) -> None:
+    """Streams written to one folder need distinct names (the file names)."""
+    seen: dict[str, int] = {}
+    for i, s in enumerate(streams):
+        if s.name in seen:
+            raise UsageError(f"stream {i + 1} and stream {seen[s.name] + 1} are both named "
+                             f"{s.name!r}: their outputs would overwrite each other")
+        seen[s.name] = i
 
 
 def stream_paths(args: Sequence[str]) -> list[Path]:
@@ -53,13 +105,18 @@ def load_all(args: Sequence[str]) -> list[Stream]:
 def cmd_trace(ns) -> int:
     from harness.runner import trace_streams
     streams = load_all(ns.streams)
-    return trace_streams(get_engine(ns.engine), streams, Path(ns.output) if ns.output else None)
+    out = None
+    if ns.output:
+        unique_names(streams)
+        out = output_folder(ns.output)
+    return trace_streams(get_engine(ns.engine), streams, out)
 
 
 def cmd_check(ns) -> int:
     from harness.conformance import check_streams
-    ok, total = check_streams(load_all(ns.streams))
-    print(f"{ok} equal, {total - ok} different")
+    ok, total = check_streams(load_all(ns.streams), as_json=ns.json)
+    if not ns.json:
+        print(f"{ok} equal, {total - ok} different")
     return EXIT_OK if ok == total else EXIT_DIFF
 
 
@@ -72,17 +129,22 @@ def cmd_table(ns) -> int:
 
 def cmd_record(ns) -> int:
     from harness.golden import record
-    return record(load_all(ns.streams), Path(ns.output))
+    streams = load_all(ns.streams)
+    unique_names(streams)
+    return record(streams, output_folder(ns.output))
 
 
 def cmd_replay(ns) -> int:
     from harness.golden import replay
-    return replay(Path(ns.traces), verbose=True)
+    folder = Path(ns.traces) if ns.traces else golden_dir("0.11.0")
+    if not folder.is_dir():
+        raise UsageError(f"{folder}: no such folder")
+    return replay(folder, verbose=True)
 
 
 def cmd_fuzz(ns) -> int:
     from harness.campaign import fuzz
-    return fuzz(examples=ns.examples, seed=ns.seed, profile=ns.profile)
+    return fuzz(examples=ns.examples, seed=ns.seed, profile=ns.profile, as_json=ns.json)
 
 
 def cmd_mutants(ns) -> int:
@@ -112,8 +174,11 @@ def _run_with_mutant(name: str, ns) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
+    p = Parser(prog="python -m harness", description=__doc__,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version",
+                   version=f"vllm-conformance {__version__} (reference of vLLM 0.11.0)")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     t = sub.add_parser("trace", help="write one engine's trace per stream")
     t.add_argument("--engine", required=True, choices=ENGINE_NAMES)
@@ -123,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("check", help="run vLLM and the reference, diff step by step")
     c.add_argument("streams", nargs="+")
+    c.add_argument("--json", action="store_true", help="one JSON object per stream on stdout")
     c.set_defaults(func=cmd_check)
 
     tb = sub.add_parser("table", help="per-step table of one stream")
@@ -136,13 +202,17 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_record)
 
     rp = sub.add_parser("replay", help="replay the reference against recorded traces (no vLLM)")
-    rp.add_argument("traces", nargs="?", default="fixtures/traces/vllm-0.11.0")
+    rp.add_argument("traces", nargs="?", default=None,
+                    help="folder of recorded traces (default: the bundled vLLM 0.11.0 traces)")
     rp.set_defaults(func=cmd_replay)
 
     f = sub.add_parser("fuzz", help="hypothesis campaign: reference vs vLLM")
-    f.add_argument("--examples", type=int, default=200)
+    f.add_argument("--examples", type=positive_int, default=None,
+                   help="streams to check (default: the profile's max_examples)")
     f.add_argument("--seed", type=int, default=None)
-    f.add_argument("--profile", default=None)
+    f.add_argument("--profile", choices=("ci", "dev", "nightly"), default=None,
+                   help="hypothesis profile (default: ci when a CI system is detected, else dev)")
+    f.add_argument("--json", action="store_true", help="the result as one JSON object")
     f.set_defaults(func=cmd_fuzz)
 
     m = sub.add_parser("mutants", help="check that every mutant of the reference is killed")
@@ -152,11 +222,11 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(func=cmd_mutants)
 
     cf = sub.add_parser("conformance", help="the main job: bundled scenarios, a short campaign, the seed table")
-    cf.add_argument("--examples", type=int, default=300)
+    cf.add_argument("--examples", type=positive_int, default=300)
     cf.set_defaults(func=cmd_conformance)
     b = sub.add_parser("bench", help="step speed: reference vs vLLM on a large pool")
-    b.add_argument("--blocks", type=int, default=1_000_000)
-    b.add_argument("--requests", type=int, default=512)
+    b.add_argument("--blocks", type=positive_int, default=1_000_000)
+    b.add_argument("--requests", type=positive_int, default=512)
     b.set_defaults(func=cmd_bench)
     return p
 
@@ -169,12 +239,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         if mutant:
             return _run_with_mutant(mutant, ns)
         return ns.func(ns)
-    except (StreamError, UsageError, UnknownEngine) as exc:
+    except StreamError as exc:
+        for line in exc.errors:
+            print(f"error: {line}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (UsageError, UnknownEngine) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except EngineUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CANNOT_DRIVE
     except BrokenPipeError:
         return EXIT_OK
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except OSError as exc:  # a full disk, a folder that went away, ...
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def run() -> NoReturn:
+    """The console script and ``python -m harness``: exit with main()'s code.
+
+    An interrupted run leaves at once: interpreter teardown after vLLM and torch
+    takes seconds, and a stopped campaign must be gone within one.
+    """
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code == EXIT_INTERRUPTED:
+        os._exit(code)
+    sys.exit(code)

@@ -66,8 +66,11 @@ def compare(stream: Stream, reference=None, vllm=None) -> Comparison:
 
 
 def assert_conforms(data: dict[str, Any], label: str = "counterexample", reference=None,
-                    vllm=None, stats: Stats | None = None) -> None:
-    """Raise Divergent (with a report and a replay command) if the engines disagree."""
+                    vllm=None, stats: Stats | None = None, replay_env: str = "") -> None:
+    """Raise Divergent (with a report and a replay command) if the engines disagree.
+
+    ``replay_env`` (e.g. ``HARNESS_MUTANT=x``) is what the replay command needs set.
+    """
     stream = parse_stream(data)
     c = compare(stream, reference, vllm)
     if stats is not None:
@@ -77,36 +80,67 @@ def assert_conforms(data: dict[str, Any], label: str = "counterexample", referen
     path = counterexamples.save(stream, label)
     text = report(c.vllm, c.reference, c.divergence) if c.divergence else "\n".join(c.failure_lines())
     message = (f"{text}\n\n{len(stream.requests)} request(s); stream written to {path}\n"
-               f"replay: python -m harness check {path}")
+               f"replay: {replay_env + ' ' if replay_env else ''}python -m harness check {path}")
     match = None if known.strict() else known.matching(c.vllm["vllm_version"], c.vllm["stream"])
     if match is not None:
         raise KnownDivergent(f"known divergence {match.name}: {match.reason}\n{message}", match)
     raise Divergent(message)
 
 
-def check_one(stream: Stream, quiet: bool = False) -> tuple[bool, str]:
-    """(equal?, what to print) for one stream; a failing stream is kept for replay."""
+@dataclass
+class Checked:
+    """The ``check`` command's result for one stream."""
+
+    stream: Stream
+    comparison: Comparison
+    saved: list[str]  # where the failing stream was kept
+    text: str  # what to print
+
+    @property
+    def equal(self) -> bool:
+        return self.comparison.equal
+
+    def to_json(self) -> dict[str, Any]:
+        c, d = self.comparison, self.comparison.divergence
+        return {
+            "stream": self.stream.name, "stream_sha256": self.stream.sha256(),
+            "equal": c.equal, "steps": len(c.vllm["steps"]), "verdict": c.vllm["verdict"],
+            "divergence": None if d is None else {
+                "step": d.step, "field": d.field, d.left_engine: d.left, d.right_engine: d.right},
+            "engine_failures": [{"engine": t["engine"], **t["failure"]} for t in c.failures],
+            "saved": self.saved,
+        }
+
+
+def check_one(stream: Stream, quiet: bool = False) -> Checked:
+    """Both engines on one stream; a failing stream is kept for replay."""
     c = compare(stream)
-    lines = []
+    lines, saved = [], []
     for t, line in zip(c.failures, c.failure_lines()):
-        saved = counterexamples.save(stream, counterexamples.unique_label(
+        path = counterexamples.save(stream, counterexamples.unique_label(
             stream, f"{t['engine']}-failure"))
-        lines.append(f"{stream.name}: {line}\n  stream saved: {saved}")
+        saved.append(str(path))
+        lines.append(f"{stream.name}: {line}\n  stream saved: {path}")
     if c.divergence is not None:
-        saved = counterexamples.save(stream, counterexamples.unique_label(stream, "divergence"))
+        path = counterexamples.save(stream, counterexamples.unique_label(stream, "divergence"))
+        saved.append(str(path))
         lines.append(f"{stream.name}: {report(c.vllm, c.reference, c.divergence)}\n"
-                     f"  stream saved: {saved}\n  replay: python -m harness check {saved}")
+                     f"  stream saved: {path}\n  replay: python -m harness check {path}")
     elif c.equal and not quiet:
         lines.append(f"{stream.name}: equal ({len(c.vllm['steps'])} steps, {c.vllm['verdict']})")
-    return c.equal, "\n".join(lines)
+    return Checked(stream, c, saved, "\n".join(lines))
 
 
-def check_streams(streams: Sequence[Stream], quiet: bool = False) -> tuple[int, int]:
-    """Check each stream, printing as it goes; (number equal, number checked)."""
+def check_streams(streams: Sequence[Stream], quiet: bool = False,
+                  as_json: bool = False) -> tuple[int, int]:
+    """Check each stream, printing as it goes (a report, or a JSON line); (equal, checked)."""
+    import json
     ok = 0
     for stream in streams:
-        equal, text = check_one(stream, quiet)
-        ok += equal
-        if text:
-            print(text)
+        checked = check_one(stream, quiet)
+        ok += checked.equal
+        if as_json:
+            print(json.dumps(checked.to_json(), sort_keys=True), flush=True)
+        elif checked.text:
+            print(checked.text, flush=True)
     return ok, len(streams)

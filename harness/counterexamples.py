@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.paths import COUNTEREXAMPLES_DIR, write_json
+from harness.paths import counterexamples_dir, write_json
 from harness.stream import Stream
 
 
-def save(stream: Stream, label: str, folder: Path = COUNTEREXAMPLES_DIR) -> Path:
+def save(stream: Stream, label: str, folder: Path | None = None) -> Path:
     """Write ``stream`` to ``folder/<label>.json`` (a later save under the same label wins)."""
-    path = folder / f"{label}.json"
+    path = (folder or counterexamples_dir()) / f"{label}.json"
     write_json(path, stream.to_json())
     return path
 

@@ -14,16 +14,21 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURES_DIR = ROOT / "fixtures"
+_PACKAGE = Path(__file__).resolve().parent
+# A source tree has fixtures/ at its top; an installed wheel has them in the package.
+FIXTURES_DIR = ROOT / "fixtures" if (ROOT / "fixtures").is_dir() else _PACKAGE / "fixtures"
 MODELS_DIR = FIXTURES_DIR / "models"
 STREAMS_DIR = FIXTURES_DIR / "streams"
 TRACES_DIR = FIXTURES_DIR / "traces"
 DOCS_DIR = ROOT / "docs"
-STREAM_SCHEMA = Path(__file__).resolve().parent / "schemas" / "stream.schema.json"
+STREAM_SCHEMA = _PACKAGE / "schemas" / "stream.schema.json"
 
-#: Streams that diverged or made an engine fail, kept for replay (relative to
-#: the current directory).
-COUNTEREXAMPLES_DIR = Path("counterexamples")
+
+
+def counterexamples_dir() -> Path:
+    """Where streams that diverged or made an engine fail are kept for replay:
+    ``$HARNESS_COUNTEREXAMPLES``, or ``counterexamples/`` in the current directory."""
+    return Path(os.environ.get("HARNESS_COUNTEREXAMPLES") or "counterexamples")
 
 
 def golden_dir(vllm_version: str) -> Path:

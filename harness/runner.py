@@ -10,9 +10,12 @@ if it emitted tokens, an empty one if not.
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 import traceback
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness import counterexamples, model
@@ -22,12 +25,42 @@ from harness.stream import Stream
 from harness.trace import ENGINE_FAILURE, Trace, step_record
 
 
-def run(engine: Engine, stream: Stream) -> Trace:
+@dataclass(frozen=True)
+class Limits:
+    """How long one engine may take on one stream, and how much memory the process may hold.
+
+    The stream bounds (``harness/schemas/stream.schema.json``) keep every valid
+    stream well inside these; they stop an engine that hangs or runs away, as
+    that engine's failure on that stream.
+    """
+
+    seconds: float = field(default_factory=lambda: float(os.environ.get("HARNESS_STREAM_SECONDS", 600)))
+    rss_bytes: int = field(default_factory=lambda: int(os.environ.get("HARNESS_STREAM_RSS_BYTES", 16 << 30)))
+    rss_every: int = 64  # steps between two looks at the resident memory
+
+
+class LimitExceeded(Exception):
+    pass
+
+
+def resident_bytes() -> int:
+    """The process's resident memory now (Linux), or its peak elsewhere."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def run(engine: Engine, stream: Stream, limits: Limits | None = None) -> Trace:
     """Run ``stream`` through ``engine``; engine exceptions end the trace with a failure."""
     trace = Trace(engine=engine.name, vllm_version=engine.version(), stream=stream)
     try:
         engine.start(stream)
-        _loop(engine, stream, trace)
+        _loop(engine, stream, trace, limits or Limits())
+    except LimitExceeded as exc:
+        trace.fail(len(trace.steps), str(exc))
     except Exception as exc:  # an assertion or error inside the engine
         step = len(trace.steps)
         where = traceback.extract_tb(exc.__traceback__)[-1]
@@ -35,7 +68,16 @@ def run(engine: Engine, stream: Stream) -> Trace:
     return trace
 
 
-def _loop(engine: Engine, stream: Stream, trace: Trace) -> None:
+def _check_limits(step: int, started: float, limits: Limits) -> None:
+    if time.monotonic() - started > limits.seconds:
+        raise LimitExceeded(f"wall-clock limit: {limits.seconds:g} s spent before step {step}")
+    if step % limits.rss_every == 0 and resident_bytes() > limits.rss_bytes:
+        raise LimitExceeded(f"memory limit: more than {limits.rss_bytes >> 20} MiB resident "
+                            f"before step {step}")
+
+
+def _loop(engine: Engine, stream: Stream, trace: Trace, limits: Limits) -> None:
+    started = time.monotonic()
     by_id = {r.id: r for r in stream.requests}
     arrivals: dict[int, list] = defaultdict(list)
     aborts: dict[int, list] = defaultdict(list)
@@ -51,6 +93,7 @@ def _loop(engine: Engine, stream: Stream, trace: Trace) -> None:
 
     step = 0
     while True:
+        _check_limits(step, started, limits)
         reset = engine.reset_prefix_cache() if step in resets else None
         for r in aborts.get(step, ()):
             engine.abort(r.id)

@@ -1,8 +1,10 @@
 """The per-step table, in the form of the project's seed example.
 
-One row per scheduled request per step: the tokens it computes, the KV bytes
-written before the step, the tokens computed now, the KV bytes after, the
-pages it holds and their ids, and the preemptions of the step.
+One row per scheduled request per step: the tokens it computes (drafts marked
+``d``), the KV bytes written before the step, the tokens computed now, the KV
+bytes after, the pages it holds and their ids (long lists shortened), the
+prefix-cache hit of a request admitted in this step, its drafts (scheduled /
+accepted) and the preemptions of the step.
 """
 
 from __future__ import annotations
@@ -21,10 +23,26 @@ def _kb(n_bytes: int) -> str:
     return f"{n_bytes / 1024:g} KB"
 
 
-def _tokens(ids: list[int]) -> str:
-    if len(ids) <= 6:
-        return " ".join(f"t{t}" for t in ids)
-    return f"t{ids[0]} t{ids[1]} .. t{ids[-1]} ({len(ids)})"
+def _tokens(ids: list[int], drafts: list[int]) -> str:
+    real = " ".join(f"t{t}" for t in ids) if len(ids) <= 6 else \
+        f"t{ids[0]} t{ids[1]} .. t{ids[-1]} ({len(ids)})"
+    return " ".join([real] + [f"d{t}" for t in drafts]).strip()
+
+
+def _pages(ids: list[int]) -> str:
+    if len(ids) <= 8:
+        return str(ids)
+    return f"[{ids[0]}, {ids[1]}, {ids[2]}, {ids[3]}, .., {ids[-2]}, {ids[-1]}]"
+
+
+def _drafts(step: dict[str, Any], rid: str) -> str:
+    """Scheduled drafts / accepted ones; the model's answer holds the accepted plus one."""
+    drafts = step["spec_tokens"].get(rid)
+    if not drafts:
+        return ""
+    emitted = step["emitted"].get(rid)
+    accepted = max(len(emitted) - 1, 0) if emitted else 0
+    return f"{len(drafts)}/{accepted}"
 
 
 def render(trace: dict[str, Any]) -> str:
@@ -40,7 +58,7 @@ def render(trace: dict[str, Any]) -> str:
     header = (f"{trace['engine']} (vLLM {trace['vllm_version']}), model {config['model']}: "
               f"{_kb(per_token)} per token, {_kb(page)} per {config['block_size']}-token page")
     rows = [("step", "req", "tokens", "KV before", "computed", "KV after", "pages", "page ids",
-             "preempted")]
+             "hit", "drafts", "preempted")]
     for step in trace["steps"]:
         for rid in step["preempted"]:
             tables[rid] = []  # freed; a resumed request gets its whole table again
@@ -50,14 +68,18 @@ def render(trace: dict[str, Any]) -> str:
         for rid, n in step["scheduled"]:
             before = step["computed_before"][rid]
             seq = prompts[rid] + outputs[rid]
+            drafts = step["spec_tokens"].get(rid, [])
+            real = seq[before:before + n - len(drafts)]
+            hit = step["prefix_hit_tokens"].get(rid)
             rows.append((
-                str(step["step"]) if first else "", rid, _tokens(seq[before:before + n]),
+                str(step["step"]) if first else "", rid, _tokens(real, drafts),
                 _kb(before * per_token), str(n), _kb((before + n) * per_token),
-                str(len(tables[rid])), str(tables[rid]),
+                str(len(tables[rid])), _pages(tables[rid]),
+                "" if hit is None else str(hit), _drafts(step, rid),
                 ",".join(step["preempted"]) if first else ""))
             first = False
         if not step["scheduled"]:
-            rows.append((str(step["step"]), "-", "(nothing scheduled)", "", "0", "", "", "",
+            rows.append((str(step["step"]), "-", "(nothing scheduled)", "", "0", "", "", "", "", "",
                          ",".join(step["preempted"])))
         for rid, toks in step["emitted"].items():
             outputs[rid] += toks

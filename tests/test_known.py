@@ -12,6 +12,12 @@ from harness.paths import STREAMS_DIR
 from harness.mutants import find
 
 
+@pytest.fixture(autouse=True)
+def _counterexamples_elsewhere(tmp_path, monkeypatch):
+    """These tests provoke divergences on purpose: their counterexamples go to a temporary folder."""
+    monkeypatch.setenv("HARNESS_COUNTEREXAMPLES", str(tmp_path / "counterexamples"))
+
+
 def test_no_known_divergence_for_the_mirrored_version():
     assert not [k for k in known.KNOWN if "0.11.0" in k.vllm_versions]
 

@@ -17,7 +17,7 @@ from harness.paths import ROOT
 
 LAYERS: list[tuple[str, ...]] = [
     # foundations: files and atomic writes, the mutant record, named divergences, counters
-    ("paths", "patches", "known", "stats"),
+    ("paths", "patches", "known", "stats", "profiles"),
     # the input format; the reference's mutants (they patch only the reference)
     ("stream", "mutants.rules"),
     # the engine interface, kept streams, vLLM's environment

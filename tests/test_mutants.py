@@ -17,6 +17,12 @@ FAST_SUBSET = ["free_forward_order", "evict_from_tail", "no_null_block", "hash_k
                "tokens_after_stop_kept", "vllm_stop_tokens_ignored", "vllm_free_forward_order"]
 
 
+@pytest.fixture(autouse=True)
+def _counterexamples_elsewhere(tmp_path, monkeypatch):
+    """These tests provoke divergences on purpose: their counterexamples go to a temporary folder."""
+    monkeypatch.setenv("HARNESS_COUNTEREXAMPLES", str(tmp_path / "counterexamples"))
+
+
 def test_catalogue_names_are_unique_and_documented():
     names = [m.name for m in mutants.catalogue(include_vllm=False)]
     assert len(names) == len(set(names)) >= 20

@@ -24,6 +24,10 @@ class UnknownEngine(ValueError):
     """A name that is not in ENGINE_NAMES."""
 
 
+class EngineUnavailable(RuntimeError):
+    """The installed vLLM cannot be driven: not installed, or a symbol the adapter needs is gone."""
+
+
 def get_engine(name: str):
     """The engine called ``name``, built on first use and shared within the process."""
     if name not in _BUILT:
@@ -31,8 +35,24 @@ def get_engine(name: str):
             from harness.engines.reference_engine import ReferenceEngine
             _BUILT[name] = ReferenceEngine()
         elif name == "vllm":
-            from harness.engines.vllm_adapter import VllmEngine
-            _BUILT[name] = VllmEngine()
+            _BUILT[name] = _vllm_engine()
         else:
             raise UnknownEngine(f"--engine: unknown engine {name!r} ({' or '.join(ENGINE_NAMES)})")
     return _BUILT[name]
+
+
+def _vllm_engine():
+    try:
+        from harness.engines.vllm_adapter import VllmEngine
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.split(".")[0] in ("vllm", "torch"):
+            raise EngineUnavailable(f"vLLM cannot be driven: {exc.name} is not installed "
+                                    "(pip install -e '.[vllm]')") from None
+        raise
+    except ImportError as exc:  # a name the adapter imports is gone from this vLLM
+        raise EngineUnavailable(f"vLLM cannot be driven: {_one_line(exc)}") from None
+    return VllmEngine()
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())

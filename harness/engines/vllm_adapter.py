@@ -21,7 +21,7 @@ stand-in object with exactly those two members takes its place.
 
 from __future__ import annotations
 
-from harness.engines import vllm_env  # noqa: F401  (before vLLM is imported)
+from harness.engines import vllm_env  # before vLLM is imported
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -45,6 +45,8 @@ from harness.engines.base import (NEW, RESUMED, RUNNING, Handed, Observed,  # no
 from harness.paths import MODELS_DIR  # noqa: E402
 from harness.stream import Config, RequestSpec, Stream  # noqa: E402
 from reference.arith import cdiv  # noqa: E402
+
+vllm_env.quiet_vllm_logs()
 
 VLLM_VERSION = vllm.__version__
 

@@ -16,7 +16,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from harness.engines import vllm_env  # noqa: F401  (before vLLM is imported)
+from harness.engines import vllm_env  # before vLLM is imported
 import torch  # noqa: E402
 from vllm.config import CacheConfig, DeviceConfig, ModelConfig, VllmConfig  # noqa: E402
 from vllm.utils import get_dtype_size, get_kv_cache_torch_dtype  # noqa: E402
@@ -24,6 +24,8 @@ from vllm.v1 import kv_cache_interface as kvi  # noqa: E402
 from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend  # noqa: E402
 from vllm.v1.core import kv_cache_utils as ku  # noqa: E402
 from vllm.v1.core.block_pool import BlockPool  # noqa: E402
+
+vllm_env.quiet_vllm_logs()
 
 
 class VllmKVSizing:

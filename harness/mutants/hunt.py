@@ -60,7 +60,8 @@ def hunt(mutant: Mutant, max_examples: int = 200, budget: float | None = None,
             seen += 1
             try:
                 with mutant.patch():
-                    assert_conforms(data, label=f"mutant-{mutant.name}", reference=ref, vllm=vllm)
+                    assert_conforms(data, label=f"mutant-{mutant.name}", reference=ref, vllm=vllm,
+                                    replay_env=f"HARNESS_MUTANT={mutant.name}")
             except Divergent as exc:
                 if not first_failure:
                     first_failure.append(seen)
