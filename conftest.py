@@ -95,3 +95,9 @@ def pytest_sessionfinish(session, exitstatus):
     if new:
         print(f"\nerror: the tests left files in the working tree: {', '.join(new)}")
         session.exitstatus = 1
+
+
+def pytest_report_header(config):
+    from hypothesis import settings
+    name = getattr(settings, "_current_profile", None) or "?"
+    return f"hypothesis profile: {name} ({settings().max_examples} examples per property)"

@@ -26,6 +26,7 @@ from hypothesis.errors import Flaky
 
 from harness import profiles
 from harness.conformance import Divergent, assert_conforms
+from harness.engines import get_engine
 from harness.properties import by_name
 from harness.stats import Stats
 
@@ -91,10 +92,18 @@ class Progress:
         self.total = total
         self.started = time.monotonic()
         self.tty = sys.stderr.isatty()
+        self.said_shrinking = False
+        self.update(0)
 
     def update(self, done: int, shrinking: int = 0) -> None:
         tenth = max(self.total // 10, 1)
-        if not self.tty and (shrinking or (done % tenth and done != self.total)):
+        if not self.tty and shrinking:
+            if not self.said_shrinking:  # once: the lines would otherwise stop while it shrinks
+                self.said_shrinking = True
+                sys.stderr.write(f"divergence after {done} streams; shrinking it\n")
+                sys.stderr.flush()
+            return
+        if not self.tty and done % tenth and done != self.total:
             return
         width = 30
         filled = min(width, width * done // max(self.total, 1))
@@ -114,6 +123,7 @@ def run_campaign(examples: int | None = None, seed: int | None = None,
                  profile: str | None = None) -> CampaignResult:
     """Check streams of the whole space until ``examples`` have run, one diverges, or a stop."""
     name = profiles.load(profile)
+    get_engine("vllm")  # import vLLM before the clock and the signal handlers start
     base = settings()
     examples = examples or base.max_examples
     result = CampaignResult(examples, name, seed, Stats())

@@ -53,6 +53,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value} must be > 0")
+    return value
+
+
 def output_folder(text: str) -> Path:
     """An output folder: created if missing; an existing file or an unwritable folder is refused."""
     path = Path(text)
@@ -216,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.set_defaults(func=cmd_fuzz)
 
     m = sub.add_parser("mutants", help="check that every mutant of the reference is killed")
-    m.add_argument("--budget", type=float, default=None, help="seconds per mutant")
+    m.add_argument("--budget", type=positive_float, default=None, help="seconds per mutant")
     m.add_argument("--only", nargs="*", default=None)
     m.add_argument("--reports", action="store_true", help="print each killed mutant's divergence report")
     m.set_defaults(func=cmd_mutants)

@@ -63,11 +63,17 @@ def record(streams, out_dir: Path) -> int:
     return status
 
 
-def verify(trace: dict[str, Any], streams_dir: Path | None = STREAMS_DIR) -> None:
+def verify(trace: Any, streams_dir: Path | None = STREAMS_DIR) -> None:
     """Refuse a recorded trace that is stale or was edited by hand."""
+    if not isinstance(trace, dict):
+        raise StaleTrace("not a recorded trace: not a JSON object")
     info = trace.get("_info")
     if not isinstance(info, dict):
         raise StaleTrace("no _info block: not a recorded trace")
+    missing = [k for k in ("stream", "steps", "stream_sha256") if k not in trace] + \
+        [f"_info.{k}" for k in ("stream_sha256", "steps_sha256") if k not in info]
+    if missing:
+        raise StaleTrace(f"not a recorded trace: no {', '.join(missing)}")
     try:
         stream = parse_stream(trace["stream"])
     except StreamError as exc:
@@ -84,18 +90,40 @@ def verify(trace: dict[str, Any], streams_dir: Path | None = STREAMS_DIR) -> Non
 
 def replay_one(path: Path, streams_dir: Path | None = STREAMS_DIR):
     """Run the reference on a recorded trace's stream; the first divergence or None."""
-    golden = json.loads(path.read_text())
+    golden = read_trace(path)
     verify(golden, streams_dir)
     stream = parse_stream(golden["stream"])
     mine = run(get_engine("reference"), stream).to_json()
     return first_divergence(golden, mine), golden, mine
 
 
+def read_trace(path: Path) -> Any:
+    """A recorded trace file's JSON; unreadable or invalid JSON is a StreamError (bad input)."""
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as exc:
+        raise StreamError(f"{path}: cannot read: {exc.strerror}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise StreamError(f"{path}: not valid JSON: {getattr(exc, 'msg', 'not UTF-8 text')}") from None
+
+
 def replay(folder: Path, verbose: bool = False) -> int:
+    """Replay every recorded trace of ``folder``: 0 all match, 1 some do not.
+
+    Files that are not JSON are bad input (StreamError, one line each) and
+    stop the replay before anything runs.
+    """
     paths = sorted(folder.glob("*.json"))
     if not paths:
-        print(f"{folder}: no recorded traces")
-        return 2
+        raise StreamError(f"{folder}: no recorded traces (*.json)")
+    errors = []
+    for path in paths:
+        try:
+            read_trace(path)
+        except StreamError as exc:
+            errors += exc.errors
+    if errors:
+        raise StreamError(errors)
     bad = 0
     for path in paths:
         try:

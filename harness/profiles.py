@@ -38,8 +38,10 @@ def in_ci() -> bool:
 
 
 def register() -> None:
+    # Each on hypothesis's own defaults, not on whichever profile is loaded now.
+    base = settings.get_profile("default")
     for name, kwargs in PROFILES.items():
-        settings.register_profile(name, **kwargs)
+        settings.register_profile(name, parent=base, **kwargs)
 
 
 def default() -> str:

@@ -36,3 +36,24 @@ def test_trace_format_example_matches_its_stream():
     assert [step["step"] for step in trace["steps"]] == list(range(len(trace["steps"])))
     for step in trace["steps"]:
         assert set(step) == {"step", *STEP_FIELDS}
+
+
+def _bounds(node, path=""):
+    """(path, bound) for every maximum / maxItems / maxLength in the schema."""
+    if isinstance(node, dict):
+        for key in ("maximum", "maxItems", "maxLength"):
+            if key in node:
+                yield path, node[key]
+        for k, v in node.items():
+            if k not in ("x-messages",):
+                yield from _bounds(v, f"{path}.{k}")
+    elif isinstance(node, list):
+        for v in node:
+            yield from _bounds(v, path)
+
+
+def test_bounds_table_lists_every_schema_bound():
+    from harness.stream import schema
+    doc = (DOCS_DIR / "stream-format.md").read_text().split("## Bounds", 1)[1].split("\n## ", 1)[0]
+    for path, bound in _bounds(schema()):
+        assert f"{bound:,}" in doc, f"{path}: bound {bound:,} is not in docs/stream-format.md"

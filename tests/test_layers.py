@@ -16,17 +16,19 @@ import pytest
 from harness.paths import ROOT
 
 LAYERS: list[tuple[str, ...]] = [
-    # foundations: files and atomic writes, the mutant record, named divergences, counters
+    # foundations: files and atomic writes, the mutant record, named divergences, counters,
+    # hypothesis profiles
     ("paths", "patches", "known", "stats", "profiles"),
     # the input format; the reference's mutants (they patch only the reference)
     ("stream", "mutants.rules"),
     # the engine interface, kept streams, vLLM's environment
     ("engines.base", "counterexamples", "engines.vllm_env"),
-    # the scripted model, traces, the two engines
-    ("model", "trace", "engines.reference_engine", "engines.vllm_adapter"),
-    # engines by name, vLLM's sizing and mutants; the step loop, the diff, the strategies
-    ("engines", "engines.vllm_kv_sizing", "engines.vllm_mutants", "runner", "diff",
-     "strategies"),
+    # the scripted model, traces, the reference engine, vLLM's moved API
+    ("model", "trace", "engines.reference_engine", "engines.vllm_compat"),
+    # the vLLM engine; the step loop, the diff, the strategies
+    ("engines.vllm_adapter", "runner", "diff", "strategies"),
+    # engines by name, vLLM's sizing and mutants
+    ("engines", "engines.vllm_kv_sizing", "engines.vllm_mutants"),
     # comparing engines, recorded traces, tables, the benchmark, the property registry,
     # the mutant catalogue
     ("conformance", "golden", "table", "bench", "properties", "mutants"),

@@ -29,7 +29,6 @@ import vllm  # noqa: E402
 from vllm.config import (CacheConfig, DeviceConfig, ModelConfig,  # noqa: E402
                          SchedulerConfig, VllmConfig)
 from vllm.sampling_params import SamplingParams  # noqa: E402
-from vllm.utils import get_hash_fn_by_name  # noqa: E402
 from vllm.v1.core.kv_cache_utils import (get_request_block_hasher,  # noqa: E402
                                          init_none_hash)
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
@@ -40,6 +39,7 @@ from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 from vllm.v1.worker.block_table import BlockTable  # noqa: E402
 
+from harness.engines import vllm_compat as compat  # noqa: E402
 from harness.engines.base import (NEW, RESUMED, RUNNING, Handed, Observed,  # noqa: E402
                                   RequestState, Scheduled, to_scheduled)
 from harness.paths import MODELS_DIR  # noqa: E402
@@ -72,7 +72,7 @@ class WorkerTable:
             block_size=c.block_size, max_num_reqs=num_requests,
             max_num_blocks_per_req=cdiv(c.max_model_len, c.block_size),
             max_num_batched_tokens=c.max_num_batched_tokens,
-            pin_memory=False, device=torch.device("cpu"))
+            pin_memory=False, device=torch.device("cpu"), **compat.block_table_kwargs(c.block_size))
 
     def add_row(self, block_ids: list[int], row: int) -> None:
         self.table.add_row(block_ids, row)
@@ -86,16 +86,23 @@ class WorkerTable:
         return self.table.slot_mapping.np[:num_tokens].tolist()
 
 
-def model_config(name: str) -> ModelConfig:
-    """vLLM's ModelConfig for a bundled config.json, built once per process, offline."""
+def model_config(name: str, max_model_len: int) -> ModelConfig:
+    """vLLM's ModelConfig for a bundled config.json, built once per process, offline.
+
+    Where the scheduler reads ``max_model_len`` from the model config (0.11.1
+    and later), the stream's value is set on it for each stream.
+    """
     if name not in _MODEL_CONFIGS:
         _MODEL_CONFIGS[name] = ModelConfig(
             model=str(MODELS_DIR / name), skip_tokenizer_init=True, seed=0)
-    return _MODEL_CONFIGS[name]
+    mc = _MODEL_CONFIGS[name]
+    for key, value in compat.model_config_kwargs(max_model_len).items():
+        setattr(mc, key, value)
+    return mc
 
 
 def build_scheduler(c: Config) -> Scheduler:
-    mc = model_config(c.model)
+    mc = model_config(c.model, c.max_model_len)
     sc = SchedulerConfig(
         max_num_seqs=c.max_num_seqs,
         max_num_batched_tokens=c.max_num_batched_tokens,
@@ -103,9 +110,10 @@ def build_scheduler(c: Config) -> Scheduler:
         enable_chunked_prefill=c.enable_chunked_prefill,
         long_prefill_token_threshold=c.long_prefill_token_threshold,
         policy=c.policy,
+        **compat.scheduler_config_kwargs(mc),
     )
     cc = CacheConfig(block_size=c.block_size, enable_prefix_caching=c.enable_prefix_caching,
-                     swap_space=0)
+                     **compat.cache_config_kwargs())
     cc.num_gpu_blocks = c.num_gpu_blocks
     vc = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc,
                     device_config=DeviceConfig("cpu"))
@@ -113,7 +121,8 @@ def build_scheduler(c: Config) -> Scheduler:
         object.__setattr__(vc, "speculative_config",
                            SpeculativeStandIn(c.num_speculative_tokens, c.speculative_method))
     effective = (vc.scheduler_config.max_num_batched_tokens, vc.cache_config.block_size,
-                 vc.scheduler_config.chunked_prefill_enabled, vc.scheduler_config.max_model_len)
+                 compat.effective_chunked_prefill(vc.scheduler_config),
+                 compat.effective_max_model_len(vc))
     wanted = (c.max_num_batched_tokens, c.block_size, c.enable_chunked_prefill, c.max_model_len)
     if effective != wanted:
         raise RuntimeError(f"vLLM changed the config: wanted {wanted}, got {effective}")
@@ -125,7 +134,8 @@ def build_scheduler(c: Config) -> Scheduler:
         num_blocks=c.num_gpu_blocks, kv_cache_tensors=[],
         kv_cache_groups=[KVCacheGroupSpec([f"layers.{i}" for i in range(hf.num_hidden_layers)], spec)])
     return Scheduler(vllm_config=vc, kv_cache_config=kv_config,
-                     structured_output_manager=StructuredOutputManager(vc), log_stats=False)
+                     structured_output_manager=StructuredOutputManager(vc), log_stats=False,
+                     **compat.scheduler_kwargs(vc))
 
 
 class VllmEngine:
@@ -142,7 +152,7 @@ class VllmEngine:
         self.sched = build_scheduler(c)
         self.hasher = None
         if c.enable_prefix_caching:
-            hash_fn = get_hash_fn_by_name(self.sched.cache_config.prefix_caching_hash_algo)
+            hash_fn = compat.hash_fn(self.sched.cache_config.prefix_caching_hash_algo)
             init_none_hash(hash_fn)
             self.hasher = get_request_block_hasher(c.block_size, hash_fn)
         self.requests: dict[str, Request] = {}
@@ -218,7 +228,8 @@ class VllmEngine:
         handed = [Handed(d.req_id, NEW, [list(g) for g in d.block_ids], d.num_computed_tokens)
                   for d in out.scheduled_new_reqs]
         cached = out.scheduled_cached_reqs
-        handed += [Handed(rid, RESUMED if cached.resumed_from_preemption[i] else RUNNING,
+        resumed = compat.resumed_flags(cached)
+        handed += [Handed(rid, RESUMED if resumed[i] else RUNNING,
                           None if cached.new_block_ids[i] is None
                           else [list(g) for g in cached.new_block_ids[i]],
                           cached.num_computed_tokens[i])
@@ -233,7 +244,7 @@ class VllmEngine:
         ids = [rid for rid, _ in scheduled.scheduled]
         output = ModelRunnerOutput(
             req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)},
-            sampled_token_ids=[list(sampled.get(rid, [])) for rid in ids],
+            sampled_token_ids=compat.sampled_token_ids([list(sampled.get(rid, [])) for rid in ids]),
             logprobs=None, prompt_logprobs_dict={}, pooler_output=[])
         self.sched.update_from_output(self._last_output, output)
 
