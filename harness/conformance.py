@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from harness import counterexamples, known
+from harness import counterexamples
 from harness.diff import Divergence, first_divergence, report
 from harness.engines import get_engine
 from harness.runner import run
@@ -25,14 +25,6 @@ from harness.trace import ENGINE_FAILURE
 
 class Divergent(AssertionError):
     """The reference and vLLM disagree on a stream."""
-
-
-class KnownDivergent(Divergent):
-    """A divergence that harness.known names and explains."""
-
-    def __init__(self, message: str, known):
-        super().__init__(message)
-        self.known = known
 
 
 @dataclass
@@ -81,9 +73,6 @@ def assert_conforms(data: dict[str, Any], label: str = "counterexample", referen
     text = report(c.vllm, c.reference, c.divergence) if c.divergence else "\n".join(c.failure_lines())
     message = (f"{text}\n\n{len(stream.requests)} request(s); stream written to {path}\n"
                f"replay: {replay_env + ' ' if replay_env else ''}python -m harness check {path}")
-    match = None if known.strict() else known.matching(c.vllm["vllm_version"], c.vllm["stream"])
-    if match is not None:
-        raise KnownDivergent(f"known divergence {match.name}: {match.reason}\n{message}", match)
     raise Divergent(message)
 
 

@@ -93,7 +93,7 @@ def replay_one(path: Path, streams_dir: Path | None = STREAMS_DIR):
     golden = read_trace(path)
     verify(golden, streams_dir)
     stream = parse_stream(golden["stream"])
-    mine = run(get_engine("reference"), stream).to_json()
+    mine = run(get_engine("reference", golden["vllm_version"]), stream).to_json()
     return first_divergence(golden, mine), golden, mine
 
 

@@ -1,7 +1,8 @@
 """The knobs the scheduler and the KV cache manager read.
 
 Mirrors: vllm/config/scheduler.py (SchedulerConfig), vllm/config/cache.py
-(CacheConfig) and the two members of SpeculativeConfig the scheduler uses.
+(CacheConfig) and the two members of SpeculativeConfig the scheduler uses;
+``rules`` names the rule changes of the release described (reference.releases).
 """
 
 from __future__ import annotations
@@ -22,6 +23,12 @@ class Config:
     policy: str = "fcfs"  # or "priority"
     num_speculative_tokens: int = 0
     use_eagle: bool = False
+    # Rule changes of a later release in effect (reference.releases); none: 0.11.0.
+    rules: frozenset[str] = frozenset()
+
+    def has(self, rule_change: str) -> bool:
+        """Whether the named rule change of a later release applies."""
+        return rule_change in self.rules
 
     @property
     def num_lookahead_tokens(self) -> int:

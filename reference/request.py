@@ -85,17 +85,21 @@ class Request:
                                 self.cache_salt)
 
 
-def check_stop(request: Request, max_model_len: int) -> bool:
+def check_stop(request: Request, max_model_len: int, stop_tokens_first: bool = False) -> bool:
     """Apply the stop rules to the newest output token; set the finished status.
 
     Length comes first (``max_model_len``, then ``max_tokens``), then EOS unless
-    ``ignore_eos``, then the stop tokens.
+    ``ignore_eos``, then the stop tokens.  From 0.11.1 (stop_tokens_before_length)
+    EOS and the stop tokens come first, then length.
     """
-    if length_capped(request, max_model_len):
+    if not stop_tokens_first and length_capped(request, max_model_len):
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True
     if stopped_by_eos(request) or stopped_by_stop_token(request):
         request.status = RequestStatus.FINISHED_STOPPED
+        return True
+    if length_capped(request, max_model_len):
+        request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True
     return False
 

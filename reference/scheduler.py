@@ -42,6 +42,8 @@ class StepPlan:
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
     new_block_ids: dict[str, list[int]] = field(default_factory=dict)
     spec_tokens: dict[str, list[int]] = field(default_factory=dict)
+    # Where the pass over the running requests is.
+    running_index: int = 0
 
     def grant(self, request: Request, num_tokens: int, block_ids: list[int]) -> None:
         self.num_scheduled_tokens[request.request_id] = num_tokens
@@ -106,8 +108,17 @@ class Scheduler:
 
     def cap_long_prefill(self, num_tokens: int) -> int:
         """A positive ``long_prefill_token_threshold`` caps the tokens of one request."""
-        threshold = self.config.long_prefill_token_threshold
+        threshold = self.long_prefill_threshold()
         return threshold if 0 < threshold < num_tokens else num_tokens
+
+    def long_prefill_threshold(self) -> int:
+        """The threshold in force.  0.11.1 and 0.11.2 (threshold_dropped_when_nothing_chunks)
+        drop it at start-up when chunked prefill is off and prefix caching was not asked for."""
+        c = self.config
+        if c.has("threshold_dropped_when_nothing_chunks") and \
+                not c.enable_chunked_prefill and not c.enable_prefix_caching:
+            return 0
+        return c.long_prefill_token_threshold
 
     def running_tokens(self, request: Request, budget: int) -> int:
         """Tokens a running request computes now: threshold, budget, then model length."""
@@ -115,25 +126,33 @@ class Scheduler:
         return self.cap_model_len(request, min(num_new, budget))
 
     def cap_model_len(self, request: Request, num_tokens: int) -> int:
-        """The last position computed must stay inside the model (drafts can reach past it)."""
-        return min(num_tokens, self.config.max_model_len - 1 - request.num_computed_tokens)
+        """The last position computed must stay inside the model (drafts can reach past it).
+
+        0.11.1 and 0.11.2 (running_tokens_capped_by_max_tokens): also inside the
+        request's last output, prompt + max_tokens.
+        """
+        limit = self.config.max_model_len
+        if self.config.has("running_tokens_capped_by_max_tokens"):
+            limit = min(limit, len(request.prompt_token_ids) + request.max_tokens)
+        return min(num_tokens, limit - 1 - request.num_computed_tokens)
 
     def _schedule_running(self, plan: StepPlan) -> None:
-        index = 0
-        while index < len(self.running) and plan.token_budget > 0:
-            request = self.running[index]
+        while plan.running_index < len(self.running) and plan.token_budget > 0:
+            request = self.running[plan.running_index]
             num_new = self.running_tokens(request, plan.token_budget)
             if num_new == 0:
-                index += 1  # skip it, but let the requests behind it run
+                plan.running_index += 1  # skip it, but let the requests behind it run
                 continue
             new_blocks = self._allocate_or_preempt(request, num_new, plan)
             if new_blocks is None:
                 break  # it preempted itself: nothing lower is left to preempt
             plan.running.append(request)
             plan.grant(request, num_new, [b.block_id for b in new_blocks])
-            index += 1
+            plan.running_index += 1
             if request.spec_token_ids:
                 self._schedule_drafts(request, num_new, plan)
+                if self.config.has("drafts_cleared_when_scheduled"):
+                    request.spec_token_ids = []  # the scheduled list stays in the plan
 
     def _allocate_or_preempt(self, request: Request, num_new: int, plan: StepPlan):
         """Pages for a running request, preempting others until they fit."""
@@ -157,7 +176,20 @@ class Scheduler:
         self.running.remove(victim)
         if victim in plan.running:
             plan.running.remove(victim)
+            if self.config.has("priority_victim_loses_its_grant"):
+                self._revoke_grant(victim, plan)
         return victim
+
+    def _revoke_grant(self, victim: Request, plan: StepPlan) -> None:
+        """0.11.1 and later: a victim scheduled earlier in this step leaves the step.
+
+        Its budget comes back, its pages and drafts are not handed out, and the
+        pass steps back one place: the victim stood before the current request.
+        """
+        plan.token_budget += plan.num_scheduled_tokens.pop(victim.request_id)
+        plan.new_block_ids.pop(victim.request_id)
+        plan.spec_tokens.pop(victim.request_id, None)
+        plan.running_index -= 1
 
     def fcfs_victim(self) -> Request:
         """fcfs preempts the request that joined the running list last."""
@@ -195,6 +227,8 @@ class Scheduler:
             hit, num_hit, num_computed = self._lookup_prefix(request)
             num_new = self.waiting_tokens(request, num_computed)
             if self.sets_aside(num_new, plan):
+                if self.config.has("chunked_off_stops_at_first_misfit"):
+                    break  # 0.12.0 and later: the requests behind it wait too
                 set_aside.prepend(self.waiting.pop())
                 continue
             num_new = min(num_new, plan.token_budget)
@@ -309,7 +343,8 @@ class Scheduler:
         """Append tokens one by one; a stop drops the tokens after it."""
         for token in tokens:
             request.append_output_token(token)
-            if check_stop(request, self.config.max_model_len):
+            if check_stop(request, self.config.max_model_len,
+                          self.config.has("stop_tokens_before_length")):
                 return True
         return False
 

@@ -10,31 +10,14 @@ with the command that replays it.
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 from hypothesis import given
 
-from harness.conformance import KnownDivergent, assert_conforms
+from harness.conformance import assert_conforms
 from harness.paths import STREAMS_DIR
 from harness.properties import PROPERTIES
 
 pytestmark = [pytest.mark.conformance, pytest.mark.needs_vllm]
-
-
-def known_divergences_xfail(test):
-    """A divergence named in harness.known is an expected failure, with its reason."""
-    @functools.wraps(test)
-    def wrapper(*args, **kwargs):
-        try:
-            test(*args, **kwargs)
-        except KnownDivergent as exc:
-            pytest.xfail(str(exc))
-        except BaseExceptionGroup as group:
-            if all(isinstance(e, KnownDivergent) for e in group.exceptions):
-                pytest.xfail(str(group.exceptions[0]))
-            raise
-    return wrapper
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -44,7 +27,6 @@ def _engines(vllm_engine):
 
 
 def _property_test(prop):
-    @known_divergences_xfail
     @given(prop.strategy())
     def test(data):
         assert_conforms(data, label=prop.test_name)

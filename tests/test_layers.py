@@ -18,7 +18,7 @@ from harness.paths import ROOT
 LAYERS: list[tuple[str, ...]] = [
     # foundations: files and atomic writes, the mutant record, named divergences, counters,
     # hypothesis profiles
-    ("paths", "patches", "known", "stats", "profiles"),
+    ("paths", "patches", "stats", "profiles"),
     # the input format; the reference's mutants (they patch only the reference)
     ("stream", "mutants.rules"),
     # the engine interface, kept streams, vLLM's environment

@@ -28,17 +28,65 @@ class EngineUnavailable(RuntimeError):
     """The installed vLLM cannot be driven: not installed, or a symbol the adapter needs is gone."""
 
 
-def get_engine(name: str):
-    """The engine called ``name``, built on first use and shared within the process."""
-    if name not in _BUILT:
-        if name == "reference":
+def get_engine(name: str, release: str | None = None):
+    """The engine called ``name``, built on first use and shared within the process.
+
+    The reference states the rules of ``release``; by default those of the
+    installed vLLM (see :func:`reference_release`).
+    """
+    if name == "reference":
+        release = release or reference_release()
+        key = f"reference@{release}"
+        if key not in _BUILT:
             from harness.engines.reference_engine import ReferenceEngine
-            _BUILT[name] = ReferenceEngine()
-        elif name == "vllm":
+            _BUILT[key] = ReferenceEngine(release)
+        return _BUILT[key]
+    if name not in _BUILT:
+        if name == "vllm":
             _BUILT[name] = _vllm_engine()
         else:
             raise UnknownEngine(f"--engine: unknown engine {name!r} ({' or '.join(ENGINE_NAMES)})")
     return _BUILT[name]
+
+
+def installed_vllm_version() -> str | None:
+    """The vLLM release on the import path, read from its metadata (vLLM is not imported)."""
+    import importlib.metadata
+    import importlib.util
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.origin:
+        return None
+    from pathlib import Path
+    site = Path(spec.origin).parent.parent
+    for dist in importlib.metadata.distributions(path=[str(site)]):
+        if dist.metadata["Name"] == "vllm":
+            return dist.version
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def reference_release() -> str:
+    """The release the reference states by default: the installed vLLM's when the
+    reference describes it, else the newest described release before it, else 0.11.0."""
+    from reference import releases
+    installed = installed_vllm_version()
+    if installed is None:
+        return releases.RELEASES[0]
+    base = installed.split("+")[0]
+    if releases.is_described(base):
+        return base
+    older = [r for r in releases.RELEASES if _key(r) <= _key(base)]
+    return older[-1] if older else releases.RELEASES[0]
+
+
+def _key(release: str) -> tuple:
+    parts = []
+    for p in release.split(".")[:3]:
+        digits = "".join(ch for ch in p if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
 
 
 def _vllm_engine():

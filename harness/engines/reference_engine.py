@@ -1,8 +1,11 @@
-"""The clean-room reference behind the engine interface.  Never imports vLLM."""
+"""The clean-room reference behind the engine interface, at any release it describes.
+
+Never imports vLLM.
+"""
 
 from __future__ import annotations
 
-from reference import events
+from reference import events, releases
 from reference.config import Config
 from reference.request import Request, RequestStatus
 from reference.scheduler import Scheduler
@@ -13,12 +16,10 @@ from harness.engines.base import (NEW, RESUMED, RUNNING, Handed, Observed, Reque
 from harness.stream import RequestSpec, Stream
 from reference.arith import cdiv
 
-MIRRORED_VLLM_VERSION = "0.11.0"
-
-
-def reference_config(stream: Stream) -> Config:
+def reference_config(stream: Stream, release: str = "0.11.0") -> Config:
     c = stream.config
     return Config(
+        rules=releases.rules_of(release),
         block_size=c.block_size, num_blocks=c.num_gpu_blocks,
         max_num_batched_tokens=c.max_num_batched_tokens, max_num_seqs=c.max_num_seqs,
         max_model_len=c.max_model_len, enable_chunked_prefill=c.enable_chunked_prefill,
@@ -48,13 +49,19 @@ class Recorder:
 
 
 class ReferenceEngine:
+    """The reference, stating the rules of one vLLM release (0.11.0 unless told)."""
+
     name = "reference"
 
+    def __init__(self, release: str = "0.11.0"):
+        releases.changes_in(release)  # refuses a release the reference does not describe
+        self.release = release
+
     def version(self) -> str:
-        return MIRRORED_VLLM_VERSION
+        return self.release
 
     def start(self, stream: Stream) -> None:
-        self.config = reference_config(stream)
+        self.config = reference_config(stream, self.release)
         self.recorder = Recorder()
         self.sched = Scheduler(self.config, self.recorder)
         self.requests: dict[str, Request] = {}

@@ -13,6 +13,7 @@ from harness.patches import (BLOCK_POOL, KV_CACHE_MANAGER, KV_CACHE_UTILS, REQUE
                              WORKER_BLOCK_TABLE, Mutant, replace)
 from reference import block_hash as rhash
 from reference import block_pool as rbp
+from reference import config as rconfig
 from reference import kv_cache_manager as rkv
 from reference import request as rreq
 from reference import request_queue as rq
@@ -150,20 +151,11 @@ def _always_admits(self, plan):
     return True
 
 
-_schedule_running = rsched.Scheduler._schedule_running
-
-
 @mutant("priority_quirk_fixed", "0.11.0 keeps a preempted victim's grant (fixed by PR #26661)",
-        SCHEDULER, replaces=(rsched.Scheduler, "_schedule_running"))
-def _victim_loses_its_grant(self, plan):
-    """vLLM after PR #26661: a preempted victim loses its grant in this step."""
-    _schedule_running(self, plan)
-    for victim in plan.preempted:
-        n = plan.num_scheduled_tokens.pop(victim.request_id, None)
-        if n is not None:
-            plan.token_budget += n
-            plan.new_block_ids.pop(victim.request_id, None)
-            plan.spec_tokens.pop(victim.request_id, None)
+        SCHEDULER, replaces=(rconfig.Config, "has"))
+def _with_0_11_1_victim_rule(self, rule_change):
+    """vLLM 0.11.1's priority_victim_loses_its_grant, applied to 0.11.0."""
+    return rule_change == "priority_victim_loses_its_grant" or rule_change in self.rules
 
 
 @mutant("model_len_cap_off_by_one", "tokens are capped at max_model_len - 1 - computed",
@@ -239,7 +231,8 @@ def _append_past_stop(self, request, tokens):
     stopped = False
     for token in tokens:
         request.append_output_token(token)
-        stopped = rsched.check_stop(request, self.config.max_model_len) or stopped
+        stopped = rsched.check_stop(request, self.config.max_model_len,
+                                    self.config.has("stop_tokens_before_length")) or stopped
     return stopped
 
 

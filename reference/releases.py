@@ -1,0 +1,104 @@
+"""The releases the reference describes, as named rule changes over vLLM 0.11.0.
+
+The reference's modules state vLLM 0.11.0's rules.  Each later release is
+0.11.0 plus the rule changes listed here, in the spirit of
+ethereum/execution-specs' forks: a change has a name, the release that first
+has it (and the release that undid it, if one did), the vLLM pull request
+where known, and what changed.  The code that applies a rule asks
+``config.has(name)`` at the one place the rule lives, so reading a rule's
+function shows both versions of it.
+
+Only behaviour the harness can observe is listed: what a stream decides
+(token counts, pages, preemptions, hits, stops).  Refactors, renamed
+internals and features the streams never turn on (async scheduling, encoder
+inputs, connectors) are left out; ``harness/engines/vllm_compat.py`` follows
+the renamed internals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: The releases whose rules the reference states, oldest first.
+RELEASES = ("0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0")
+
+
+@dataclass(frozen=True)
+class RuleChange:
+    name: str
+    since: str  # first release with the new rule
+    pr: str  # the vLLM pull request, or "" when not identified
+    summary: str  # what the new rule says, against 0.11.0's
+    until: str | None = None  # first release that went back to 0.11.0's rule
+
+    def in_effect(self, release: str) -> bool:
+        r = _order(release)
+        return _order(self.since) <= r and (self.until is None or r < _order(self.until))
+
+
+CHANGES: tuple[RuleChange, ...] = (
+    RuleChange(
+        "priority_victim_loses_its_grant", "0.11.1", "#26661",
+        "Under the priority policy, a preemption victim that was already scheduled "
+        "earlier in the same step loses what it was granted: its tokens leave the step, "
+        "its budget comes back, its new pages and drafts are not handed out, and the "
+        "running loop steps back one place so that the request that slid into the "
+        "victim's place is not skipped.  (0.11.0 kept the grant: "
+        "quirks.PRIORITY_VICTIM_KEEPS_ITS_GRANT.)"),
+    RuleChange(
+        "stop_tokens_before_length", "0.11.1", "",
+        "The stop check looks at EOS and the stop tokens before the length caps, so a "
+        "request whose last allowed token is EOS or a stop token finishes "
+        "FINISHED_STOPPED, not FINISHED_LENGTH_CAPPED."),
+    RuleChange(
+        "running_tokens_capped_by_max_tokens", "0.11.1", "#27922",
+        "A running request computes at most up to prompt + max_tokens - 1 positions "
+        "(as well as max_model_len - 1), so drafts that reach past the request's last "
+        "output are not scheduled.", until="0.12.0"),
+    RuleChange(
+        "threshold_dropped_when_nothing_chunks", "0.11.1", "",
+        "At start-up, with chunked prefill off and prefix caching not asked for, the "
+        "long-prefill token threshold is set to 0 (no cap).", until="0.12.0"),
+    RuleChange(
+        "drafts_cleared_when_scheduled", "0.11.1", "",
+        "A running request's drafts are cleared once scheduled; the proposer hands out "
+        "fresh ones before the next step."),
+    RuleChange(
+        "chunked_off_stops_at_first_misfit", "0.12.0", "#28911",
+        "With chunked prefill off, admission stops at the first waiting request whose "
+        "whole prompt does not fit the step's remaining budget, instead of setting it "
+        "aside and trying the requests behind it.  (0.11.0 set such requests aside: "
+        "quirks.SKIPPED_WAITING_REQUESTS_REVERSED.)"),
+)
+
+_BY_NAME = {c.name: c for c in CHANGES}
+
+
+def _order(release: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in release.split(".")[:3])
+
+
+def is_described(release: str) -> bool:
+    return release in RELEASES
+
+
+def changes_in(release: str) -> tuple[RuleChange, ...]:
+    """The rule changes in effect at ``release`` (none at 0.11.0)."""
+    if release not in RELEASES:
+        raise ValueError(f"the reference does not describe vLLM {release} "
+                         f"(it describes {', '.join(RELEASES)})")
+    return tuple(c for c in CHANGES if c.in_effect(release))
+
+
+def rules_of(release: str) -> frozenset[str]:
+    return frozenset(c.name for c in changes_in(release))
+
+
+def changes_between(old: str, new: str) -> tuple[RuleChange, ...]:
+    """The changes whose effect differs between two described releases."""
+    a, b = rules_of(old), rules_of(new)
+    return tuple(c for c in CHANGES if (c.name in a) != (c.name in b))
+
+
+def change(name: str) -> RuleChange:
+    return _BY_NAME[name]
