@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test conformance fuzz mutants record bench clean distclean
+.PHONY: install test conformance fuzz mutants record bench upgrade-check clean distclean
 
 install: $(STAMP)
 
@@ -32,6 +32,11 @@ record: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m harness bench
+
+# make upgrade-check VLLM=0.12.0: that release against 0.11.0's rules (docs/upgrades/).
+upgrade-check: $(STAMP)
+	@test -n "$(VLLM)" || { echo "error: VLLM: say which release, e.g. make upgrade-check VLLM=0.12.0" >&2; exit 2; }
+	$(PY) -m harness upgrade-check $(VLLM)
 
 # Caches and outputs; the ~10 GB environment stays (see distclean).
 clean:

@@ -38,12 +38,19 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def vllm_engine():
-    """One VllmEngine per test process (importing vLLM takes ~10 s)."""
+    """One VllmEngine per test process (importing vLLM takes ~10 s).
+
+    An installed vLLM that the adapter cannot drive stops the run with one line
+    naming what is missing (exit 3), not a traceback per test.
+    """
     reason = vllm_missing_reason()
     if reason:
         pytest.skip(reason)
-    from harness.engines import get_engine
-    return get_engine("vllm")
+    from harness.engines import EngineUnavailable, get_engine
+    try:
+        return get_engine("vllm")
+    except EngineUnavailable as exc:
+        pytest.exit(f"error: {exc}", returncode=3)
 
 
 @pytest.fixture(scope="session", autouse=True)

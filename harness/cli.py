@@ -26,7 +26,7 @@ from typing import NoReturn, Sequence
 
 from harness import __version__
 from harness.engines import ENGINE_NAMES, EngineUnavailable, UnknownEngine, get_engine
-from harness.paths import golden_dir
+from harness.paths import DOCS_DIR, golden_dir
 from harness.stream import Stream, StreamError, load_stream
 
 EXIT_OK, EXIT_DIFF, EXIT_BAD_INPUT, EXIT_CANNOT_DRIVE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -167,6 +167,23 @@ def cmd_conformance(ns) -> int:
     return conformance_main(examples=ns.examples)
 
 
+def cmd_upgrade_check(ns) -> int:
+    from harness.sideenv import check_version
+    from harness.upgrade_check import upgrade_check
+    try:
+        check_version(ns.version)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return upgrade_check(ns.version, examples=ns.examples, seed=ns.seed, out=Path(ns.out),
+                         record=not ns.no_record)
+
+
+def cmd_upgrade_report(ns) -> int:
+    from harness.upgrade import report
+    return report(ns.version, examples=ns.examples, seed=ns.seed, out=Path(ns.out),
+                  record=not ns.no_record)
+
+
 def cmd_bench(ns) -> int:
     from harness.bench import main as bench_main
     return bench_main(num_blocks=ns.blocks, num_requests=ns.requests)
@@ -234,6 +251,21 @@ def build_parser() -> argparse.ArgumentParser:
     cf = sub.add_parser("conformance", help="the main job: bundled scenarios, a short campaign, the seed table")
     cf.add_argument("--examples", type=positive_int, default=300)
     cf.set_defaults(func=cmd_conformance)
+    for name, func, text in (
+            ("upgrade-check", cmd_upgrade_check,
+             "run a newer vLLM release (a cached side environment) against 0.11.0's rules "
+             "and write docs/upgrades/<version>.md"),
+            ("upgrade-report", cmd_upgrade_report, argparse.SUPPRESS)):
+        u = sub.add_parser(name, help=text)
+        u.add_argument("version", help="a vLLM release, e.g. 0.12.0")
+        u.add_argument("--examples", type=positive_int, default=5000)
+        u.add_argument("--seed", type=int, default=1)
+        u.add_argument("--out", default=str(DOCS_DIR / "upgrades"),
+                       help="folder of the reports (default: docs/upgrades)")
+        u.add_argument("--no-record", action="store_true",
+                       help="do not record the bundled streams' traces into fixtures/traces/")
+        u.set_defaults(func=func)
+
     b = sub.add_parser("bench", help="step speed: reference vs vLLM on a large pool")
     b.add_argument("--blocks", type=positive_int, default=1_000_000)
     b.add_argument("--requests", type=positive_int, default=512)

@@ -1,4 +1,5 @@
-"""A clean-room reference of vLLM 0.11.0's v1 scheduler and KV cache manager.
+"""A clean-room reference of vLLM 0.11.0's v1 scheduler and KV cache manager,
+and of the releases after it as named rule changes (``reference.releases``).
 
 Pure standard library.  Each module mirrors one part of vLLM 0.11.0 and says
 which; read the two side by side.

@@ -1,7 +1,8 @@
 """Where vLLM 0.11.0 behaves oddly, and the reference follows it on purpose.
 
 Conformance means 0.11.0's behaviour, not the behaviour vLLM meant to have.
-Each quirk below is reproduced by the code that names it.
+Each quirk below is reproduced by the code that names it.  Where a later
+release changed it, the change is a named rule change of ``reference.releases``.
 
 PRIORITY_VICTIM_KEEPS_ITS_GRANT
     Under the priority policy, a running request that cannot get pages preempts
@@ -16,11 +17,12 @@ PRIORITY_VICTIM_KEEPS_ITS_GRANT
     waits, and when it is admitted again it skips the prefix lookup and
     allocates pages for every token up to its stale count.  The running loop's
     index also skips the request that slid into the victim's place.
-    Changed later: vLLM PR #26661 ("[Bugfix][Core] Fix block table out-of-range
-    issue in priority scheduling", fixing issue #23316) drops such a victim's
-    entries from ``num_scheduled_tokens`` and the new-block map and returns its
-    budget; PR #28558 also clears its scheduled drafts.  The skipped index is
-    vLLM issue #49097.
+    Changed in 0.11.1 (releases: priority_victim_loses_its_grant): vLLM PR
+    #26661 ("[Bugfix][Core] Fix block table out-of-range issue in priority
+    scheduling", fixing issue #23316) drops such a victim's entries from
+    ``num_scheduled_tokens``, the new-block map and the drafts, returns its
+    budget, and steps the running index back (the skipped index is vLLM
+    issue #49097).
     Code: scheduler.Scheduler._pick_victim, Scheduler._schedule_waiting.
 
 SKIPPED_WAITING_REQUESTS_REVERSED

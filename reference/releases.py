@@ -12,7 +12,10 @@ Only behaviour the harness can observe is listed: what a stream decides
 (token counts, pages, preemptions, hits, stops).  Refactors, renamed
 internals and features the streams never turn on (async scheduling, encoder
 inputs, connectors) are left out; ``harness/engines/vllm_compat.py`` follows
-the renamed internals.
+the renamed internals.  One change is left out because no stream can show it:
+from 0.11.1 a running request's drafts are cleared once scheduled, but the
+proposer hands every scheduled request its next drafts before they are read
+again, so the cleared list is never seen.
 """
 
 from __future__ import annotations
@@ -59,10 +62,6 @@ CHANGES: tuple[RuleChange, ...] = (
         "threshold_dropped_when_nothing_chunks", "0.11.1", "",
         "At start-up, with chunked prefill off and prefix caching not asked for, the "
         "long-prefill token threshold is set to 0 (no cap).", until="0.12.0"),
-    RuleChange(
-        "drafts_cleared_when_scheduled", "0.11.1", "",
-        "A running request's drafts are cleared once scheduled; the proposer hands out "
-        "fresh ones before the next step."),
     RuleChange(
         "chunked_off_stops_at_first_misfit", "0.12.0", "#28911",
         "With chunked prefill off, admission stops at the first waiting request whose "

@@ -151,8 +151,6 @@ class Scheduler:
             plan.running_index += 1
             if request.spec_token_ids:
                 self._schedule_drafts(request, num_new, plan)
-                if self.config.has("drafts_cleared_when_scheduled"):
-                    request.spec_token_ids = []  # the scheduled list stays in the plan
 
     def _allocate_or_preempt(self, request: Request, num_new: int, plan: StepPlan):
         """Pages for a running request, preempting others until they fit."""

@@ -1,7 +1,11 @@
 """The replay tier: the reference against vLLM's recorded traces, without vLLM.
 
-Runs in an environment with no vLLM at all; the traces were recorded by
-``python -m harness record fixtures/streams -o fixtures/traces/vllm-0.11.0/``.
+Runs in an environment with no vLLM at all.  Each release the reference
+describes has its folder ``fixtures/traces/vllm-<release>/`` (0.11.0's recorded
+by ``make record``, the later ones by ``make upgrade-check VLLM=<release>``),
+and each trace is replayed by the reference with that release's rules: this is
+how the per-release rule changes are tested in CI without those releases
+installed.
 """
 
 from __future__ import annotations
@@ -12,24 +16,49 @@ import pytest
 
 from harness.diff import report
 from harness.golden import StaleTrace, replay_one, verify
-from harness.paths import STREAMS_DIR
+from harness.paths import STREAMS_DIR, TRACES_DIR, golden_dir
+from reference import releases
 
-TRACES_DIR = STREAMS_DIR.parent / "traces" / "vllm-0.11.0"
-TRACES = sorted(TRACES_DIR.glob("*.json"))
+RECORDED = [r for r in releases.RELEASES if golden_dir(r).is_dir()]
+ALL_TRACES = [p for r in RECORDED for p in sorted(golden_dir(r).glob("*.json"))]
+TRACES = sorted(golden_dir("0.11.0").glob("*.json"))
 
 pytestmark = pytest.mark.conformance
 
 
-@pytest.mark.parametrize("path", TRACES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", ALL_TRACES, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_conformance_replay_recorded_trace(path):
     divergence, golden, mine = replay_one(path)
     assert divergence is None, f"{path.name}: {report(golden, mine, divergence)}"
 
 
-def test_every_bundled_stream_has_a_recorded_trace():
+@pytest.mark.parametrize("release", RECORDED)
+def test_every_bundled_stream_has_a_recorded_trace(release):
     missing = [p.stem for p in sorted(STREAMS_DIR.glob("*.json"))
-               if not (TRACES_DIR / p.name).exists()]
-    assert not missing, f"record them: make record ({missing})"
+               if not (golden_dir(release) / p.name).exists()]
+    assert not missing, f"record them ({release}): {missing}"
+
+
+def test_only_described_releases_are_recorded():
+    folders = {p.name for p in TRACES_DIR.iterdir() if p.is_dir()}
+    assert folders == {f"vllm-{r}" for r in RECORDED}
+    assert "0.11.0" in RECORDED
+
+
+def test_each_later_release_has_a_stream_that_shows_each_of_its_rule_changes():
+    """A rule change no recorded trace shows would go untested in CI: for every release,
+    each of its changes must make the 0.11.0 reference differ on some recorded trace."""
+    from harness.diff import first_divergence
+    from harness.engines.reference_engine import ReferenceEngine
+    from harness.runner import run
+    from harness.stream import parse_stream
+    for release in RECORDED[1:]:
+        traces = [json.loads(p.read_text()) for p in sorted(golden_dir(release).glob("*.json"))]
+        for change in releases.changes_in(release):
+            shown = any(first_divergence(
+                t, run(ReferenceEngine("0.11.0", releases.rules_of(release) - {change.name}),
+                       parse_stream(t["stream"])).to_json()) is not None for t in traces)
+            assert shown, f"{release}: no recorded trace shows {change.name}"
 
 
 def test_hand_edited_trace_is_refused():

@@ -170,6 +170,8 @@ CASES = [
     Case("replay: no such folder", ["replay", "gone"], first=r"gone: no such folder"),
     Case("replay: empty folder", ["replay", "traces"], {"traces/.keep": ""},
          first=r"traces: no recorded traces"),
+    Case("upgrade-check: not a release number", ["upgrade-check", "0.12"],
+         first=r"VLLM: '0\.12' is not a release number like 0\.12\.0"),
     Case("mutants --budget -1", ["mutants", "--budget", "-1"],
          first=r"mutants: argument --budget: -1\.0 must be > 0"),
 ]

@@ -47,7 +47,7 @@ def _dtype_id(md: str, cd: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def vl():
+def vl(vllm_engine):  # vllm_engine: an undrivable vLLM stops the run in one line
     from harness.engines.vllm_kv_sizing import VllmKVSizing
     return VllmKVSizing(QWEN_DIR)
 

@@ -19,6 +19,8 @@ LAYERS: list[tuple[str, ...]] = [
     # foundations: files and atomic writes, the mutant record, named divergences, counters,
     # hypothesis profiles
     ("paths", "patches", "stats", "profiles"),
+    # side environments of other vLLM releases (no vLLM import)
+    ("sideenv",),
     # the input format; the reference's mutants (they patch only the reference)
     ("stream", "mutants.rules"),
     # the engine interface, kept streams, vLLM's environment
@@ -33,7 +35,9 @@ LAYERS: list[tuple[str, ...]] = [
     # the mutant catalogue
     ("conformance", "golden", "table", "bench", "properties", "mutants"),
     # campaigns and the mutant hunt
-    ("campaign", "mutants.hunt"),
+    ("campaign", "mutants.hunt", "upgrade"),
+    # the upgrade check from the base environment
+    ("upgrade_check",),
     # the main job
     ("conformance_job",),
     # the command line

@@ -27,7 +27,7 @@ def test_catalogue_names_are_unique_and_documented():
     names = [m.name for m in mutants.catalogue(include_vllm=False)]
     assert len(names) == len(set(names)) >= 20
     for m in mutants.catalogue(include_vllm=False):
-        assert m.rule and m.mirrors.startswith("vllm/v1/")
+        assert m.rule and m.mirrors.startswith("vllm/")
 
 
 @pytest.mark.parametrize("name", FAST_SUBSET)

@@ -19,7 +19,10 @@ from typing import Any
 from harness.engines import vllm_env  # before vLLM is imported
 import torch  # noqa: E402
 from vllm.config import CacheConfig, DeviceConfig, ModelConfig, VllmConfig  # noqa: E402
-from vllm.utils import get_dtype_size, get_kv_cache_torch_dtype  # noqa: E402
+try:
+    from vllm.utils import get_dtype_size, get_kv_cache_torch_dtype  # noqa: E402
+except ImportError:  # 0.11.1 and later
+    from vllm.utils.torch_utils import get_dtype_size, get_kv_cache_torch_dtype  # noqa: E402
 from vllm.v1 import kv_cache_interface as kvi  # noqa: E402
 from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend  # noqa: E402
 from vllm.v1.core import kv_cache_utils as ku  # noqa: E402

@@ -40,6 +40,8 @@ def hunt(mutant: Mutant, max_examples: int = 200, budget: float | None = None,
 
     Without ``shrink`` the first failing stream is reported as found (faster).
     """
+    if mutant.side.startswith("release "):
+        return _hunt_on_recorded(mutant, mutant.side.split()[1])
     vllm, ref = get_engine("vllm"), get_engine("reference")
     started = time.monotonic()
     seen = 0
@@ -78,6 +80,24 @@ def hunt(mutant: Mutant, max_examples: int = 200, budget: float | None = None,
             return Result(mutant, True, first_failure[0], len(data["requests"]), steps, prop.name,
                           time.monotonic() - started, last_report[0])
     return Result(mutant, False, seen, None, None, "-", time.monotonic() - started)
+
+
+def _hunt_on_recorded(mutant: Mutant, release: str) -> Result:
+    """A later release's rule change: killed when a recorded trace of that release no
+    longer replays (the reference with that release's rules, minus the change)."""
+    from harness.golden import replay_one
+    from harness.paths import golden_dir
+    started = time.monotonic()
+    paths = sorted(golden_dir(release).glob("*.json"))
+    for i, path in enumerate(paths, 1):
+        with mutant.patch():
+            d, golden, mine = replay_one(path)
+        if d is not None:
+            from harness.diff import report
+            return Result(mutant, True, i, len(golden["stream"]["requests"]), len(golden["steps"]),
+                          f"replay {release}/{path.stem}", time.monotonic() - started,
+                          report(golden, mine, d))
+    return Result(mutant, False, len(paths), None, None, "-", time.monotonic() - started)
 
 
 def table(results: list[Result]) -> str:

@@ -18,6 +18,7 @@ from reference import kv_cache_manager as rkv
 from reference import request as rreq
 from reference import request_queue as rq
 from reference import scheduler as rsched
+from reference import releases
 from reference import slot_mapping as rslots
 from reference.request import RequestStatus
 
@@ -267,3 +268,30 @@ MUTANTS += [
            equivalent="a positive threshold caps like min(n, threshold), and min commutes with "
                       "the budget's min: both orders give the same count"),
 ]
+
+
+# -- the rule changes of later releases (reference/releases.py) ---------------------------
+# Each mutant takes one rule change out of every release that has it.  The suite kills it
+# by replaying that release's recorded traces (side "release <version>": no vLLM needed).
+
+_has = rconfig.Config.has
+_CHANGE_MODULES = {
+    "priority_victim_loses_its_grant": SCHEDULER,
+    "stop_tokens_before_length": SCHED_UTILS,
+    "running_tokens_capped_by_max_tokens": SCHEDULER,
+    "threshold_dropped_when_nothing_chunks": "vllm/config/vllm.py",
+    "chunked_off_stops_at_first_misfit": SCHEDULER,
+}
+
+
+def _without(name: str):
+    def has(self, rule_change):
+        return rule_change != name and _has(self, rule_change)
+    return has
+
+
+for _change in releases.CHANGES:
+    MUTANTS.append(Mutant(
+        f"{_change.name}_dropped", f"{_change.since}: {_change.name}",
+        _CHANGE_MODULES[_change.name], replace(rconfig.Config, "has", _without(_change.name)),
+        side=f"release {_change.since}"))

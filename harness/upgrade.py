@@ -1,0 +1,426 @@
+"""The upgrade check: which of vLLM 0.11.0's rules a newer release changed, and nothing else.
+
+Runs inside a process whose vLLM is the newer release (``harness.sideenv``
+starts it).  vLLM 0.11.0 is represented twice, both proven equal to it: by the
+recorded 0.11.0 traces of the bundled streams, and by the reference with
+0.11.0's rules for generated streams.  For every stream:
+
+* the new vLLM's trace is compared with 0.11.0's: *same* or *different*;
+* a difference is explained, when it can be, by the named rule changes of
+  ``reference/releases.py``: the reference with 0.11.0's rules plus one change
+  that gives the new vLLM's trace exactly names that change as the cause;
+  when no single change does, the reference with all of the release's changes
+  is tried; what still differs is an *unexplained* cause, grouped by the
+  first field that differs;
+* a campaign goes on past an explained divergence, so the second and third
+  cause are found in the same run; each cause gets a minimal example
+  (the smallest stream seen with that cause and no other, shrunk further).
+
+The same run checks that the reference with the new release's rules conforms
+exactly.  The result is a Markdown report, ``docs/upgrades/<version>.md``.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as fixed_seed
+
+from harness.diff import first_divergence, side_by_side
+from harness.engines import EngineUnavailable, get_engine, installed_vllm_version
+from harness.engines.reference_engine import ReferenceEngine
+from harness.golden import read_trace
+from harness.paths import STREAMS_DIR, golden_dir, write_atomic
+from harness.properties import by_name
+from harness.runner import run
+from harness.stats import Stats
+from harness.stream import Stream, load_stream, parse_stream
+from reference import releases
+
+BASE = "0.11.0"
+SAME, DIFFERENT, COULD_NOT_RUN = "same", "different", "could not run"
+
+
+@dataclass
+class Cause:
+    """One rule change (or one unexplained kind of difference) and the streams it showed on."""
+
+    key: tuple[str, ...]  # (rule change name,) or ("unexplained", field)
+    count: int = 0  # streams it showed on, alone or with other changes
+    alone: int = 0  # streams that it alone explains
+    together: collections.Counter = field(default_factory=collections.Counter)
+    bundled: list[str] = field(default_factory=list)
+    features: collections.Counter = field(default_factory=collections.Counter)
+    example: dict[str, Any] | None = None
+    example_size: tuple[int, int] = (1 << 30, 0)
+    shrunk: bool = False
+
+    @property
+    def explained(self) -> bool:
+        return self.key[0] != "unexplained"
+
+    def title(self) -> str:
+        if not self.explained:
+            return f"unexplained: first difference in '{self.key[1]}'"
+        return self.key[0]
+
+    example_alone: bool = False
+
+    def offer(self, data: dict[str, Any], steps: int, alone: bool) -> None:
+        """Keep the smallest example, preferring one this cause alone explains."""
+        size = (len(data["requests"]), steps)
+        if (alone, ) > (self.example_alone, ) or (alone == self.example_alone and size < self.example_size):
+            self.example, self.example_size, self.example_alone = data, size, alone
+
+
+class Checker:
+    """The engines of one upgrade check, and the classification of one stream."""
+
+    def __init__(self, version: str):
+        self.version = version
+        self.vllm = get_engine("vllm")
+        self.base = ReferenceEngine(BASE)
+        self.described = releases.is_described(version)
+        newest = version if self.described else _newest_described_before(version)
+        self.target = ReferenceEngine(newest)
+        self.candidates = [c.name for c in releases.CHANGES]
+        self._single = {name: ReferenceEngine(BASE, frozenset({name})) for name in self.candidates}
+
+    def traces(self, stream: Stream) -> tuple[dict, dict, dict]:
+        return (run(self.vllm, stream).to_json(), run(self.base, stream).to_json(),
+                run(self.target, stream).to_json())
+
+    def cause_of(self, stream: Stream, new: dict, old: dict, target: dict) -> tuple[str, ...] | None:
+        """None when the new vLLM behaves as 0.11.0; else the names that explain it."""
+        d = first_divergence(new, old)
+        if d is None:
+            return None
+        for name in self.candidates:
+            if first_divergence(new, run(self._single[name], stream).to_json()) is None:
+                return (name,)
+        active = [n for n in self.candidates if n in self.target.rules]
+        for i, a in enumerate(active):  # two changes at once, before all of them
+            for b in active[i + 1:]:
+                pair = ReferenceEngine(BASE, frozenset({a, b}))
+                if first_divergence(new, run(pair, stream).to_json()) is None:
+                    return (a, b)
+        if first_divergence(new, target) is None:
+            return tuple(sorted(self.target.rules))
+        return ("unexplained", d.field)
+
+
+def _newest_described_before(version: str) -> str:
+    from harness.engines import _key
+    older = [r for r in releases.RELEASES if _key(r) <= _key(version)]
+    return older[-1] if older else BASE
+
+
+def _features(stream: Stream) -> list[str]:
+    c = stream.config
+    out = [f"policy {c.policy}", f"chunked prefill {'on' if c.enable_chunked_prefill else 'off'}",
+           f"prefix caching {'on' if c.enable_prefix_caching else 'off'}"]
+    if c.num_speculative_tokens:
+        out.append(f"speculative ({c.speculative_method})")
+    if c.long_prefill_token_threshold:
+        out.append("long-prefill threshold")
+    if any(r.eos_token_id is not None or r.stop_token_ids for r in stream.requests):
+        out.append("EOS or stop tokens")
+    return out
+
+
+def attribute(causes: dict, key: tuple[str, ...], counted: bool = True) -> list[Cause]:
+    """The causes a stream's explanation names: one per rule change in it (counted for a
+    campaign stream, only listed for a bundled one)."""
+    if key[0] == "unexplained":
+        names = [key]
+    else:
+        names = [(name,) for name in key]
+    found = []
+    for k in names:
+        cause = causes.setdefault(k, Cause(k))
+        found.append(cause)
+        if not counted:
+            continue
+        cause.count += 1
+        if len(names) == 1:
+            cause.alone += 1
+        else:
+            cause.together.update(n[0] for n in names if n != k)
+    return found
+
+
+# -- the parts of the check ------------------------------------------------------------
+
+@dataclass
+class BundledResult:
+    name: str
+    outcome: str
+    cause: tuple[str, ...] | None = None
+    detail: str = ""
+    conforms: bool = True  # the reference with the release's rules gives the new trace
+
+
+def check_bundled(checker: Checker, causes: dict) -> list[BundledResult]:
+    results = []
+    for path in sorted(STREAMS_DIR.glob("*.json")):
+        stream = load_stream(path)
+        golden_path = golden_dir(BASE) / path.name
+        old = read_trace(golden_path) if golden_path.exists() else run(checker.base, stream).to_json()
+        new = run(checker.vllm, stream).to_json()
+        target = run(checker.target, stream).to_json()
+        conforms = first_divergence(new, target) is None
+        if new["verdict"] == "engine_failure":
+            results.append(BundledResult(stream.name, COULD_NOT_RUN,
+                                         detail=new["failure"]["message"], conforms=conforms))
+            continue
+        d = first_divergence(new, old)
+        if d is None:
+            results.append(BundledResult(stream.name, SAME, conforms=conforms))
+            continue
+        key = checker.cause_of(stream, new, run(checker.base, stream).to_json(), target) \
+            or ("unexplained", d.field)
+        for cause in attribute(causes, key, counted=False):
+            cause.bundled.append(stream.name)
+        detail = (f"step {d.step}, field `{d.field}`: 0.11.0 `{json.dumps(d.right)}`, "
+                  f"{checker.version} `{json.dumps(d.left)}`")
+        ctx = side_by_side(_relabel(old, BASE), _relabel(new, checker.version), d.step or 0)
+        results.append(BundledResult(stream.name, DIFFERENT, key, detail + "\n\n```\n" + ctx + "\n```",
+                                     conforms))
+    return results
+
+
+def _relabel(trace: dict, label: str) -> dict:
+    return {**trace, "engine": f"vLLM {label}"}
+
+
+@dataclass
+class CampaignResult:
+    examples: int
+    seed: int
+    same: int = 0
+    different: int = 0
+    conform: int = 0
+    stats: Stats = field(default_factory=Stats)
+    nonconforming: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def campaign(checker: Checker, causes: dict, examples: int, seed: int) -> CampaignResult:
+    result = CampaignResult(examples, seed)
+    started = time.monotonic()
+    tenth = max(examples // 10, 1)
+
+    @fixed_seed(seed)
+    @settings(max_examples=examples, database=None, deadline=None, derandomize=False,
+              suppress_health_check=list(HealthCheck), phases=[Phase.generate])
+    @given(by_name("whole_space").strategy())
+    def each(data):
+        stream = parse_stream(data)
+        new, old, target = checker.traces(stream)
+        result.stats.add(new)
+        if first_divergence(new, target) is None:
+            result.conform += 1
+        elif len(result.nonconforming) < 5:
+            result.nonconforming.append(data)
+        key = checker.cause_of(stream, new, old, target)
+        if key is None:
+            result.same += 1
+        else:
+            result.different += 1
+            for cause in attribute(causes, key):
+                cause.features.update(_features(stream))
+                if len(key) == 1 or key[0] == "unexplained" or cause.alone == 0:
+                    cause.offer(data, len(new["steps"]), alone=len(key) == 1 or key[0] == "unexplained")
+        n = result.same + result.different
+        if n % tenth == 0:
+            print(f"  {n}/{examples} streams, {result.different} different from 0.11.0, "
+                  f"{n - result.conform} not conforming to the {checker.target.release} rules",
+                  file=sys.stderr, flush=True)
+
+    each()
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def shrink(checker: Checker, cause: Cause, seconds: float = 60) -> None:
+    """Make the cause's smallest example smaller while it still shows that cause, and no other.
+
+    Greedy and deterministic (delta debugging on the stream): drop whole
+    requests, then shorten prompts and outputs, then reset optional fields and
+    arrival steps, repeating until nothing more goes or ``seconds`` have passed.
+    """
+    if cause.example is None:
+        return
+    started = time.monotonic()
+    single = checker._single.get(cause.key[0]) if cause.explained else None
+
+    def shows(data) -> bool:
+        try:
+            stream = parse_stream(data)
+        except Exception:  # a cut that breaks a rule of the stream format
+            return False
+        new = run(checker.vllm, stream).to_json()
+        old = run(checker.base, stream).to_json()
+        if first_divergence(new, old) is None:
+            return False
+        if cause.example_alone and single is not None:  # this change alone explains it
+            return first_divergence(new, run(single, stream).to_json()) is None
+        key = checker.cause_of(stream, new, old, run(checker.target, stream).to_json())
+        return key is not None and (cause.key == key if not cause.explained else cause.key[0] in key)
+
+    best = json.loads(json.dumps(cause.example))
+    changed = True
+    while changed and time.monotonic() - started < seconds:
+        changed = False
+        for candidate in _smaller(best):
+            if time.monotonic() - started > seconds:
+                break
+            if shows(candidate):
+                best, changed = candidate, True
+                break
+    if best != cause.example:
+        cause.example, cause.shrunk = best, True
+        cause.example_size = (len(best["requests"]), len(run(checker.vllm, parse_stream(best)).steps))
+
+
+_OPTIONAL_DEFAULTS = {"drafts": [], "abort_step": None, "cache_salt": None, "prompt_logprobs": None,
+                      "stop_token_ids": [], "priority": 0, "ignore_eos": False}
+
+
+def _smaller(data: dict[str, Any]):
+    """Candidate streams one step smaller than ``data``, biggest cuts first."""
+    reqs = data["requests"]
+    for i in range(len(reqs)):
+        if len(reqs) > 1:
+            yield {**data, "requests": reqs[:i] + reqs[i + 1:]}
+    for i, r in enumerate(reqs):
+        for key in ("prompt", "output"):
+            for keep in (len(r[key]) // 2, len(r[key]) - 1):
+                if 1 <= keep < len(r[key]):
+                    yield _with_request(data, i, {**r, key: r[key][:keep]})
+        for key, default in _OPTIONAL_DEFAULTS.items():
+            if key in r and r[key] != default:
+                yield _with_request(data, i, {**r, key: default})
+        if r.get("arrival_step", 0) > 0:
+            yield _with_request(data, i, {**r, "arrival_step": r["arrival_step"] - 1})
+
+
+def _with_request(data: dict[str, Any], i: int, new: dict[str, Any]) -> dict[str, Any]:
+    reqs = list(data["requests"])
+    reqs[i] = new
+    return {**data, "requests": reqs}
+
+
+# -- the report ---------------------------------------------------------------------------
+
+def write_report(path: Path, version: str, checker: Checker, bundled: list[BundledResult],
+                 camp: CampaignResult, causes: dict) -> None:
+    different = [b for b in bundled if b.outcome == DIFFERENT]
+    unexplained = [c for c in causes.values() if not c.explained]
+    target = checker.target.release
+    conform_bundled = sum(b.conforms for b in bundled)
+    lines = [
+        f"# vLLM {version} against vLLM 0.11.0's rules",
+        "",
+        f"Checked {datetime.date.today().isoformat()} with `make upgrade-check VLLM={version}` "
+        f"(vLLM {version} from a wheel overlay on the base torch; see `harness/sideenv.py`).",
+        "",
+        "## Verdict",
+        "",
+        f"* **{'SAME' if not causes else 'DIFFERENT'}**: "
+        + (f"{len(causes)} cause(s) of divergence from 0.11.0"
+           + (f", {len(unexplained)} of them not explained by a named rule change" if unexplained
+              else ", every one a named rule change of `reference/releases.py`")
+           if causes else "no stream behaves differently from 0.11.0") + ".",
+        f"* Bundled streams: {len(bundled) - len(different)} same, {len(different)} different, "
+        f"{sum(b.outcome == COULD_NOT_RUN for b in bundled)} could not run.",
+        f"* Campaign (seed {camp.seed}): {camp.same + camp.different} streams, {camp.different} "
+        f"different from 0.11.0 ({camp.seconds:.0f} s).",
+        f"* The reference with the rules of {target} conforms on "
+        f"{camp.conform}/{camp.same + camp.different} generated and "
+        f"{conform_bundled}/{len(bundled)} bundled streams"
+        + (" (exact)." if camp.conform == camp.same + camp.different and conform_bundled == len(bundled)
+           else "."),
+        "",
+        "## Causes",
+        "",
+    ]
+    if not causes:
+        lines += ["None.", ""]
+    for cause in sorted(causes.values(), key=lambda c: (-c.count, c.key)):
+        lines += [f"### {cause.title()}", ""]
+        for name in cause.key if cause.explained else ():
+            ch = releases.change(name)
+            pr = f"vLLM PR {ch.pr}" if ch.pr else "PR not identified"
+            lines += [f"* `{name}` (since {ch.since}"
+                      + (f", until {ch.until}" if ch.until else "") + f"; {pr}): {ch.summary}"]
+        together = ", ".join(f"`{n}` ({k})" for n, k in cause.together.most_common())
+        lines += [f"* Seen on {cause.count} of {camp.same + camp.different} generated streams: "
+                  f"{cause.alone} explained by it alone"
+                  + (f", the others together with {together}" if together else "")
+                  + (f"; and on bundled streams: {', '.join(cause.bundled)}" if cause.bundled else "")
+                  + "."]
+        if cause.features:
+            top = ", ".join(f"{k} ({v})" for k, v in cause.features.most_common(6))
+            lines += [f"* Config features of those streams: {top}."]
+        if cause.example is not None:
+            ex_stream = parse_stream(cause.example)
+            new, old, _ = checker.traces(ex_stream)
+            d = first_divergence(new, old)
+            what = "it alone explains" if cause.example_alone else "it shows with another change"
+            lines += ["", f"{'Shrunk' if cause.shrunk else 'Smallest seen'} example, a stream {what} "
+                      f"({cause.example_size[0]} request(s), {cause.example_size[1]} steps):", "",
+                      "```json", json.dumps(ex_stream.to_json(), sort_keys=True), "```", ""]
+            if d is not None and d.step is not None:
+                lines += [f"First difference: step {d.step}, field `{d.field}`.", "", "```",
+                          side_by_side(_relabel(old, BASE), _relabel(new, version), d.step), "```"]
+        lines.append("")
+    lines += ["## Bundled streams", "",
+              f"| stream | vs 0.11.0 | cause | reference ({target} rules) |", "|---|---|---|---|"]
+    for b in bundled:
+        cause = " + ".join(b.cause) if b.cause else ""
+        lines.append(f"| {b.name} | {b.outcome} | {cause} | {'equal' if b.conforms else 'DIFFERENT'} |")
+    for b in bundled:
+        if b.outcome != SAME:
+            lines += ["", f"### {b.name}: {b.outcome}", "", b.detail]
+    lines += ["", "## Campaign", "", f"`python -m harness upgrade-check {version} --examples "
+              f"{camp.examples} --seed {camp.seed}`; rules reached (on vLLM {version}):", "",
+              "```", camp.stats.summary(), "```", ""]
+    if camp.nonconforming:
+        lines += ["Streams where the reference with the release's rules differs (first 5):", ""]
+        lines += ["```json\n" + json.dumps(d, sort_keys=True) + "\n```" for d in camp.nonconforming]
+    write_atomic(path, "\n".join(lines).rstrip() + "\n")
+
+
+def report(version: str, examples: int, seed: int, out: Path, record: bool) -> int:
+    """The check inside the new release's process: 0 same, 1 different, 3 could not drive."""
+    installed = installed_vllm_version()
+    if installed is None or installed.split("+")[0] != version:
+        raise EngineUnavailable(f"vLLM {version} is not the one on the import path ({installed})")
+    checker = Checker(version)  # imports vLLM: EngineUnavailable names what is missing
+    causes: dict[tuple[str, ...], Cause] = {}
+    print(f"== bundled streams: vLLM {version} against the recorded vLLM 0.11.0 traces",
+          file=sys.stderr)
+    bundled = check_bundled(checker, causes)
+    print(f"== campaign: {examples} streams, seed {seed}", file=sys.stderr)
+    camp = campaign(checker, causes, examples, seed)
+    for cause in causes.values():
+        print(f"== shrinking an example of {cause.title()}", file=sys.stderr)
+        shrink(checker, cause)
+    if record:
+        from harness.golden import record as record_traces
+        streams = [load_stream(p) for p in sorted(STREAMS_DIR.glob("*.json"))]
+        record_traces(streams, golden_dir(version))
+    write_report(out / f"{version}.md", version, checker, bundled, camp, causes)
+    print(f"report: {out / f'{version}.md'}")
+    for cause in sorted(causes.values(), key=lambda c: -c.count):
+        print(f"cause: {cause.title()} ({cause.count} streams)")
+    return 1 if causes else 0

@@ -1,0 +1,120 @@
+"""``make upgrade-check VLLM=<version>``: the upgrade check, from the base environment.
+
+Makes (or reuses) the release's side environment (``harness.sideenv``), runs
+the check inside it (``python -m harness upgrade-report``, see
+``harness.upgrade``), and keeps ``docs/upgrades/README.md``'s table of every
+release tried up to date.  Exit codes: 0 same as 0.11.0, 1 different, 2 bad
+input, 3 the release could not be driven (one line naming what is missing,
+also written to its report).
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from harness.paths import ROOT, write_atomic
+from harness.sideenv import (SideEnvError, check_version, ensure_overlay, overlay_dir,
+                             overlay_environment)
+
+INDEX_HEADER = [
+    "# Upgrade checks: every vLLM release tried",
+    "",
+    "Each row is one `make upgrade-check VLLM=<version>` (`python -m harness upgrade-check`):",
+    "the release's bundled streams and a fixed-seed campaign against vLLM 0.11.0's rules, the",
+    "causes of every divergence named by the rule changes of `reference/releases.py`, and the",
+    "reference with the release's rules checked for exact conformance.  A release that cannot",
+    "be driven says what stopped it.",
+    "",
+    "| release | drivable | result | causes found | report |",
+    "|---|---|---|---|---|",
+]
+
+
+def upgrade_check(version: str, examples: int, seed: int, out: Path, record: bool) -> int:
+    check_version(version)
+    try:
+        ensure_overlay(version, log=lambda m: print(m, file=sys.stderr))
+    except SideEnvError as exc:
+        return _could_not_drive(version, out, f"no side environment: {exc}")
+    cmd = [sys.executable, "-m", "harness", "upgrade-report", version, "--examples", str(examples),
+           "--seed", str(seed), "--out", str(out)] + ([] if record else ["--no-record"])
+    proc = subprocess.Popen(cmd, env=overlay_environment(version), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    last_error = ""
+    for line in proc.stdout:
+        sys.stdout.write(line)
+        if line.startswith("error: "):
+            last_error = line[len("error: "):].strip()
+    code = proc.wait()
+    if code == 3 or (code not in (0, 1) and last_error):
+        why = (last_error or f"exit {code}").removeprefix("vLLM cannot be driven: ")
+        return _could_not_drive(version, out, _explain(version, why))
+    if code in (0, 1):
+        _update_index(out, version, "yes", *_summary(out / f"{version}.md"))
+    return code
+
+
+def _explain(version: str, why: str) -> str:
+    """The failure, with local paths cut and, for a missing name, what the release requires."""
+    why = why.replace(str(ROOT) + "/", "")
+    missing = re.search(r"cannot import name '[^']+' from '([\w.]+)'", why)
+    if missing:
+        package = missing.group(1).split(".")[0]
+        wanted = _requirement(version, package)
+        if wanted:
+            from importlib import metadata
+            try:
+                have = metadata.version(package)
+            except metadata.PackageNotFoundError:
+                have = "none"
+            why += f"; vllm {version} requires {wanted}, the base environment has {package} {have}"
+    return why
+
+
+def _requirement(version: str, package: str) -> str | None:
+    for meta in overlay_dir(version).glob("vllm-*.dist-info/METADATA"):
+        for line in meta.read_text().splitlines():
+            m = re.match(rf"Requires-Dist: ({re.escape(package)}\b[^;]*)", line, re.I)
+            if m:
+                return m.group(1).strip()
+    return None
+
+
+def _could_not_drive(version: str, out: Path, why: str) -> int:
+    text = (f"# vLLM {version} against vLLM 0.11.0's rules\n\n"
+            f"Tried {datetime.date.today().isoformat()} with `make upgrade-check VLLM={version}`.\n\n"
+            f"**Could not drive this release**: {why}\n")
+    write_atomic(out / f"{version}.md", text)
+    _update_index(out, version, "no", f"could not drive: {why}", "-")
+    print(f"error: vLLM {version} cannot be driven: {why}", file=sys.stderr)
+    return 3
+
+
+def _summary(report: Path) -> tuple[str, str]:
+    text = report.read_text()
+    verdict = re.search(r"\* \*\*(SAME|DIFFERENT)\*\*", text)
+    conform = re.search(r"\* The reference with the rules of [^\n]*", text)
+    causes = re.findall(r"^### (?!\w+: (?:same|different|could not run))(.+)$", text, re.M)
+    causes = [c for c in causes if "_" in c or c.startswith("unexplained")]
+    result = (verdict.group(1).lower() if verdict else "?") + \
+        ("; exact with its rules" if conform and "(exact)" in conform.group(0) else "")
+    return result, ", ".join(f"`{c}`" for c in causes) or "none"
+
+
+def _update_index(out: Path, version: str, drivable: str, result: str, causes: str) -> None:
+    index = out / "README.md"
+    rows: dict[str, str] = {}
+    if index.exists():
+        for line in index.read_text().splitlines():
+            m = re.match(r"^\| (\d[\w.]*) \|", line)
+            if m:
+                rows[m.group(1)] = line
+    rows[version] = f"| {version} | {drivable} | {result} | {causes} | [{version}.md]({version}.md) |"
+
+    def key(v: str):
+        return tuple(int(p) if p.isdigit() else 0 for p in v.split("."))
+    write_atomic(index, "\n".join(INDEX_HEADER + [rows[v] for v in sorted(rows, key=key)]) + "\n")

@@ -1,0 +1,54 @@
+"""The releases the reference describes: named rule changes over 0.11.0 (no vLLM needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.mutants import REFERENCE_MUTANTS
+from harness.mutants.hunt import hunt
+from reference import releases
+
+
+def test_0_11_0_has_no_changes_and_each_later_release_has_some():
+    assert releases.changes_in("0.11.0") == ()
+    for r in releases.RELEASES[1:]:
+        assert releases.changes_in(r), r
+
+
+def test_a_change_applies_from_since_until_until():
+    capped = releases.change("running_tokens_capped_by_max_tokens")
+    assert [capped.in_effect(r) for r in releases.RELEASES] == [False, True, True, False, False]
+    stops = releases.change("chunked_off_stops_at_first_misfit")
+    assert [stops.in_effect(r) for r in releases.RELEASES] == [False, False, False, True, True]
+
+
+def test_changes_between_releases():
+    names = {c.name for c in releases.changes_between("0.11.2", "0.12.0")}
+    assert names == {"running_tokens_capped_by_max_tokens", "threshold_dropped_when_nothing_chunks",
+                     "chunked_off_stops_at_first_misfit"}
+    assert releases.changes_between("0.11.1", "0.11.2") == ()
+
+
+def test_an_undescribed_release_is_refused():
+    with pytest.raises(ValueError, match="does not describe vLLM 0.14.0"):
+        releases.changes_in("0.14.0")
+
+
+def test_every_change_is_named_documented_and_dated():
+    for c in releases.CHANGES:
+        assert c.name and c.summary and c.since in releases.RELEASES
+        assert c.until is None or c.until in releases.RELEASES
+        assert c.pr == "" or c.pr.startswith("#")
+
+
+RELEASE_MUTANTS = [m for m in REFERENCE_MUTANTS if m.side.startswith("release ")]
+
+
+def test_every_rule_change_has_a_mutant():
+    assert {m.name for m in RELEASE_MUTANTS} == {f"{c.name}_dropped" for c in releases.CHANGES}
+
+
+@pytest.mark.parametrize("mutant", RELEASE_MUTANTS, ids=lambda m: m.name)
+def test_release_rule_mutant_is_killed_by_the_recorded_traces(mutant):
+    result = hunt(mutant)
+    assert result.killed, f"{mutant.name}: no recorded trace of {mutant.side} shows the change"

@@ -1,0 +1,116 @@
+"""The upgrade check's parts that need no other vLLM: version shims, side environments,
+the could-not-drive path, the index of releases tried."""
+
+from __future__ import annotations
+
+import inspect
+import types
+
+import pytest
+
+from harness import sideenv, upgrade_check
+from harness.cli import main
+
+
+@pytest.mark.parametrize("version", ["0.12", "latest", "0.12.0; rm -rf /", "../0.12.0", ""])
+def test_bad_release_numbers_are_refused(version, capsys):
+    assert main(["upgrade-check", version]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("error: VLLM: ")
+
+
+@pytest.mark.parametrize("version", ["0.12.0", "0.11.2", "0.10.1.post1", "1.0.0rc1"])
+def test_release_numbers_are_accepted(version):
+    assert sideenv.check_version(version) == version
+
+
+def test_a_release_that_cannot_be_had_is_exit_3_with_a_report(tmp_path, monkeypatch, capsys):
+    def no_wheel(version, log=print):
+        raise sideenv.SideEnvError("vllm==9.9.9: No matching distribution found for vllm==9.9.9")
+
+    monkeypatch.setattr(upgrade_check, "ensure_overlay", no_wheel)
+    code = upgrade_check.upgrade_check("9.9.9", examples=10, seed=1, out=tmp_path, record=False)
+    assert code == 3
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["error: vLLM 9.9.9 cannot be driven: no side environment: vllm==9.9.9: "
+                   "No matching distribution found for vllm==9.9.9"]
+    assert "**Could not drive this release**" in (tmp_path / "9.9.9.md").read_text()
+    index = (tmp_path / "README.md").read_text()
+    assert "| 9.9.9 | no | could not drive: no side environment" in index
+
+
+def test_the_index_keeps_one_row_per_release_in_order(tmp_path):
+    for v, result in [("0.13.0", "different"), ("0.11.1", "different"), ("0.13.0", "same")]:
+        upgrade_check._update_index(tmp_path, v, "yes", result, "none")
+    rows = [line for line in (tmp_path / "README.md").read_text().splitlines()
+            if line.startswith("| 0.")]
+    assert [r.split(" | ")[0] for r in rows] == ["| 0.11.1", "| 0.13.0"]
+    assert "| same |" in rows[1]
+
+
+def test_the_summary_of_a_report(tmp_path):
+    report = tmp_path / "x.md"
+    report.write_text("# t\n\n## Verdict\n\n* **DIFFERENT**: 2 cause(s)\n"
+                      "* The reference with the rules of 0.12.0 conforms on 5/5 generated and "
+                      "1/1 bundled streams (exact).\n\n## Causes\n\n### stop_tokens_before_length\n\n"
+                      "### unexplained: first difference in 'slots'\n\n## Bundled streams\n\n"
+                      "### seed_x: different\n")
+    result, causes = upgrade_check._summary(report)
+    assert result == "different; exact with its rules"
+    assert causes == "`stop_tokens_before_length`, `unexplained: first difference in 'slots'`"
+
+
+def test_the_overlay_environment_puts_the_release_first(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "/somewhere")
+    env = sideenv.overlay_environment("0.12.0")
+    parts = env["PYTHONPATH"].split(":")
+    assert parts[0].endswith(".venvs/vllm-0.12.0") and parts[-1] == "/somewhere"
+    assert env["VLLM_CACHE_ROOT"].endswith(".venvs/cache/0.12.0")
+
+
+# -- the version shims, on stand-ins shaped like the later releases' classes ----------------
+
+@pytest.mark.needs_vllm
+class TestShims:
+    @pytest.fixture(autouse=True)
+    def compat(self):
+        from harness.engines import vllm_compat
+        vllm_compat.DETECTED.clear()
+        return vllm_compat
+
+    def test_resumed_flags_from_a_set_of_ids(self, compat):
+        later = types.SimpleNamespace(req_ids=["a", "b", "c"], resumed_req_ids={"b"})
+        assert compat.resumed_flags(later) == [False, True, False]
+        older = types.SimpleNamespace(req_ids=["a"], resumed_from_preemption=[True])
+        assert compat.resumed_flags(older) == [True]
+
+    def test_block_table_arguments_follow_the_signature(self, compat, monkeypatch):
+        class Later:
+            def __init__(self, block_size, kernel_block_size, cp_kv_cache_interleave_size): ...
+        monkeypatch.setattr(compat, "BlockTable", Later)
+        assert compat.block_table_kwargs(16) == {"kernel_block_size": 16,
+                                                 "cp_kv_cache_interleave_size": 1}
+
+    def test_scheduler_gets_block_size_when_it_asks(self, compat, monkeypatch):
+        class Later:
+            def __init__(self, vllm_config, block_size): ...
+        monkeypatch.setattr(compat, "Scheduler", Later)
+        vc = types.SimpleNamespace(cache_config=types.SimpleNamespace(block_size=8))
+        assert compat.scheduler_kwargs(vc) == {"block_size": 8}
+        assert "Scheduler(block_size=)" in compat.DETECTED
+
+    def test_chunked_prefill_flag_where_it_lives(self, compat):
+        later = types.SimpleNamespace(enable_chunked_prefill=False)
+        assert compat.effective_chunked_prefill(later) is False
+
+    def test_sampled_tokens_as_arrays_where_wanted(self, compat, monkeypatch):
+        monkeypatch.setattr(compat, "_SAMPLED_AS_ARRAYS", True)
+        out = compat.sampled_token_ids([[1, 2], []])
+        assert [a.tolist() for a in out] == [[1, 2], []]
+
+    def test_0_11_0_needs_no_shim(self, compat):
+        from harness.engines.vllm_adapter import build_scheduler
+        from harness.stream import Config
+        build_scheduler(Config())
+        assert compat.DETECTED == []
+        assert "block_size" not in inspect.signature(compat.Scheduler.__init__).parameters
