@@ -16,6 +16,8 @@ difference was first seen; ``DETECTED`` lists the ones this vLLM needed.
 | ``CachedRequestData`` resumed flags | ``resumed_from_preemption`` list | ``resumed_req_ids`` set (0.11.1) |
 | ``ModelRunnerOutput.sampled_token_ids`` | lists | numpy arrays (0.11.1, 0.11.2), lists again (0.12.0) |
 | ``CacheConfig(swap_space=)`` | accepted | gone in later releases |
+| ``BlockPool(hash_block_size=)`` | absent | required (0.12.0) |
+| ``FullAttentionSpec.max_memory_usage_bytes`` reads | ``decode_context_parallel_size`` | also ``prefill_context_parallel_size`` (0.12.0) |
 """
 
 from __future__ import annotations
@@ -116,6 +118,14 @@ def block_table_kwargs(block_size: int) -> dict[str, Any]:
             _note(f"BlockTable({name}=)")
             out[name] = 1
     return out
+
+
+def block_pool_kwargs(block_size: int) -> dict[str, Any]:
+    from vllm.v1.core.block_pool import BlockPool
+    if "hash_block_size" in _params(BlockPool.__init__):
+        _note("BlockPool(hash_block_size=)")
+        return {"hash_block_size": block_size}
+    return {}
 
 
 def resumed_flags(cached) -> list[bool]:

@@ -28,6 +28,8 @@ from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend  # noqa:
 from vllm.v1.core import kv_cache_utils as ku  # noqa: E402
 from vllm.v1.core.block_pool import BlockPool  # noqa: E402
 
+from harness.engines import vllm_compat as compat  # noqa: E402
+
 vllm_env.quiet_vllm_logs()
 
 
@@ -113,7 +115,8 @@ class VllmKVSizing:
         # only these two fields are read by FullAttentionSpec.max_memory_usage_bytes
         cfg = types.SimpleNamespace(
             model_config=types.SimpleNamespace(max_model_len=max_model_len),
-            parallel_config=types.SimpleNamespace(decode_context_parallel_size=dcp))
+            parallel_config=types.SimpleNamespace(decode_context_parallel_size=dcp,
+                                                  prefill_context_parallel_size=1))  # 0.12.0
         return spec.max_memory_usage_bytes(cfg)
 
     # -- the start-up sizing ---------------------------------------------------------------
@@ -181,4 +184,5 @@ class VllmKVSizing:
 
     def pool_free_blocks(self, num_blocks: int) -> int:
         """Free pages of a fresh vLLM BlockPool of ``num_blocks`` pages."""
-        return BlockPool(num_blocks, enable_caching=True).get_num_free_blocks()
+        return BlockPool(num_blocks, enable_caching=True,
+                         **compat.block_pool_kwargs(16)).get_num_free_blocks()
