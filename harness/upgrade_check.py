@@ -29,6 +29,9 @@ INDEX_HEADER = [
     "reference with the release's rules checked for exact conformance.  A release that cannot",
     "be driven says what stopped it.",
     "",
+    "Releases after 0.13.0 are compared with the newest release the reference describes",
+    "(0.13.0's rules); a row with fewer than 5,000 generated streams is a first look.",
+    "",
     "| release | drivable | result | causes found | report |",
     "|---|---|---|---|---|",
 ]
@@ -100,8 +103,13 @@ def _summary(report: Path) -> tuple[str, str]:
     conform = re.search(r"\* The reference with the rules of [^\n]*", text)
     causes = re.findall(r"^### (?!\w+: (?:same|different|could not run))(.+)$", text, re.M)
     causes = [c for c in causes if "_" in c or c.startswith("unexplained")]
+    rules = re.search(r"rules of ([\w.]+)", conform.group(0)) if conform else None
+    exact = conform is not None and "(exact)" in conform.group(0)
+    streams = re.search(r"Campaign \(seed \d+\): (\d+) streams", text)
     result = (verdict.group(1).lower() if verdict else "?") + \
-        ("; exact with its rules" if conform and "(exact)" in conform.group(0) else "")
+        (f" on {streams.group(1)} generated streams" if streams else "") + \
+        (f"; the reference with {rules.group(1)}'s rules exact" if exact and rules else
+         "; NOT exact with the reference's rules" if conform else "")
     return result, ", ".join(f"`{c}`" for c in causes) or "none"
 
 

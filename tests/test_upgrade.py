@@ -56,7 +56,7 @@ def test_the_summary_of_a_report(tmp_path):
                       "### unexplained: first difference in 'slots'\n\n## Bundled streams\n\n"
                       "### seed_x: different\n")
     result, causes = upgrade_check._summary(report)
-    assert result == "different; exact with its rules"
+    assert result == "different; the reference with 0.12.0's rules exact"  # no campaign line
     assert causes == "`stop_tokens_before_length`, `unexplained: first difference in 'slots'`"
 
 

@@ -54,7 +54,11 @@ _MODEL_CONFIGS: dict[str, ModelConfig] = {}
 
 
 class SpeculativeStandIn:
-    """Stands in for vLLM's SpeculativeConfig: the scheduler reads only these."""
+    """Stands in for vLLM's SpeculativeConfig: the scheduler reads only these.
+
+    (``uses_draft_model()`` is read from 0.15.0 on; a draft model reserves
+    lookahead slots like eagle.  The harness's methods are ngram and eagle.)
+    """
 
     def __init__(self, num_speculative_tokens: int, method: str):
         self.num_speculative_tokens = num_speculative_tokens
@@ -62,6 +66,9 @@ class SpeculativeStandIn:
 
     def use_eagle(self) -> bool:
         return self.method == "eagle"
+
+    def uses_draft_model(self) -> bool:
+        return self.method == "draft_model"
 
 
 class WorkerTable:
