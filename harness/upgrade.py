@@ -340,7 +340,7 @@ def write_report(path: Path, version: str, checker: Checker, bundled: list[Bundl
            + (f", {len(unexplained)} of them not explained by a named rule change" if unexplained
               else ", every one a named rule change of `reference/releases.py`")
            if causes else "no stream behaves differently from 0.11.0") + ".",
-        f"* Bundled streams: {len(bundled) - len(different)} same, {len(different)} different, "
+        f"* Bundled streams: {sum(b.outcome == SAME for b in bundled)} same, {len(different)} different, "
         f"{sum(b.outcome == COULD_NOT_RUN for b in bundled)} could not run.",
         f"* Campaign (seed {camp.seed}): {camp.same + camp.different} streams, {camp.different} "
         f"different from 0.11.0 ({camp.seconds:.0f} s).",

@@ -213,7 +213,7 @@ class VllmEngine:
             stop_token_ids=list(spec.stop_token_ids), prompt_logprobs=spec.prompt_logprobs)
         req = Request(
             request_id=spec.id, prompt_token_ids=list(spec.prompt), sampling_params=params,
-            pooling_params=None, eos_token_id=spec.eos_token_id,
+            pooling_params=None, **compat.request_eos_kwargs(params, spec.eos_token_id),
             arrival_time=float(arrival_index), cache_salt=spec.cache_salt,
             priority=spec.priority, block_hasher=self.hasher)
         self.requests[spec.id] = req

@@ -17,6 +17,8 @@ difference was first seen; ``DETECTED`` lists the ones this vLLM needed.
 | ``ModelRunnerOutput.sampled_token_ids`` | lists | numpy arrays (0.11.1, 0.11.2), lists again (0.12.0) |
 | ``CacheConfig(swap_space=)`` | accepted | gone in later releases |
 | ``BlockPool(hash_block_size=)`` | absent | required (0.12.0) |
+| ``Request(eos_token_id=)`` | accepted | gone (0.17.0): the EOS is set on ``SamplingParams`` |
+| ``SpeculativeConfig.uses_draft_model()`` | not read | read by the scheduler (0.15.0) |
 | ``FullAttentionSpec.max_memory_usage_bytes`` reads | ``decode_context_parallel_size`` | also ``prefill_context_parallel_size`` (0.12.0) |
 """
 
@@ -125,6 +127,17 @@ def block_pool_kwargs(block_size: int) -> dict[str, Any]:
     if "hash_block_size" in _params(BlockPool.__init__):
         _note("BlockPool(hash_block_size=)")
         return {"hash_block_size": block_size}
+    return {}
+
+
+def request_eos_kwargs(params, eos_token_id: int | None) -> dict[str, Any]:
+    """Where a request's EOS goes: ``Request(eos_token_id=)``, or (0.17.0 and later) the
+    sampling parameters, set as vLLM's input processor sets them."""
+    from vllm.v1.request import Request
+    if "eos_token_id" in _params(Request.__init__):
+        return {"eos_token_id": eos_token_id}
+    _note("EOS in SamplingParams")
+    params.update_from_generation_config({}, eos_token_id=eos_token_id)
     return {}
 
 

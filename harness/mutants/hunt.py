@@ -79,6 +79,24 @@ def hunt(mutant: Mutant, max_examples: int = 200, budget: float | None = None,
                 steps = len(run(vllm, parse_stream(data)).steps)
             return Result(mutant, True, first_failure[0], len(data["requests"]), steps, prop.name,
                           time.monotonic() - started, last_report[0])
+    return _hunt_on_bundled(mutant, vllm, ref, seen, started)
+
+
+def _hunt_on_bundled(mutant: Mutant, vllm, ref, seen: int, started: float) -> Result:
+    """The bundled streams are part of the suite too (test_conformance_bundled_stream)."""
+    from harness.conformance import compare
+    from harness.paths import STREAMS_DIR
+    from harness.stream import load_stream
+    for path in sorted(STREAMS_DIR.glob("*.json")):
+        stream = load_stream(path)
+        seen += 1
+        with mutant.patch():
+            c = compare(stream, reference=ref, vllm=vllm)
+        if not c.equal:
+            from harness.diff import report
+            text = report(c.vllm, c.reference, c.divergence) if c.divergence else ""
+            return Result(mutant, True, seen, len(stream.requests), len(c.vllm["steps"]),
+                          f"bundled {stream.name}", time.monotonic() - started, text)
     return Result(mutant, False, seen, None, None, "-", time.monotonic() - started)
 
 
