@@ -57,8 +57,19 @@ def upgrade_check(version: str, examples: int, seed: int, out: Path, record: boo
         why = (last_error or f"exit {code}").removeprefix("vLLM cannot be driven: ")
         return _could_not_drive(version, out, _explain(version, why))
     if code in (0, 1):
-        _update_index(out, version, "yes", *_summary(out / f"{version}.md"))
+        report = out / f"{version}.md"
+        failed = _could_not_run(report)
+        if failed:
+            _update_index(out, version, "no", f"the engine fails on bundled streams: {failed}", "-")
+        else:
+            _update_index(out, version, "yes", *_summary(report))
     return code
+
+
+def _could_not_run(report: Path) -> str:
+    """The first engine failure on a bundled stream, if any (the adapter cannot follow it)."""
+    m = re.search(r"^### [\w.-]+: could not run\n\n(.+)$", report.read_text(), re.M)
+    return m.group(1).strip() if m else ""
 
 
 def _explain(version: str, why: str) -> str:

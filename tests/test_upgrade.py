@@ -114,3 +114,13 @@ class TestShims:
         build_scheduler(Config())
         assert compat.DETECTED == []
         assert "block_size" not in inspect.signature(compat.Scheduler.__init__).parameters
+
+
+def test_a_release_the_engine_fails_on_is_listed_as_not_drivable(tmp_path):
+    report = tmp_path / "0.19.0.md"
+    report.write_text("## Bundled streams\n\n### abort_running: could not run\n\n"
+                      "TypeError: BlockTable.compute_slot_mapping() missing 1 required positional "
+                      "argument: 'positions' (vllm_adapter.py:92)\n")
+    assert upgrade_check._could_not_run(report).startswith("TypeError: BlockTable.compute_slot_mapping")
+    report.write_text("## Bundled streams\n\n| a | same |\n")
+    assert upgrade_check._could_not_run(report) == ""

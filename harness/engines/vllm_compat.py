@@ -19,6 +19,7 @@ difference was first seen; ``DETECTED`` lists the ones this vLLM needed.
 | ``BlockPool(hash_block_size=)`` | absent | required (0.12.0) |
 | ``Request(eos_token_id=)`` | accepted | gone (0.17.0): the EOS is set on ``SamplingParams`` |
 | ``SpeculativeConfig.uses_draft_model()`` | not read | read by the scheduler (0.15.0) |
+| ``BlockTable.compute_slot_mapping`` | numpy on the CPU | a Triton GPU kernel taking tensors (0.19.0): **not followed**, so 0.19.0 and later cannot be driven here |
 | ``FullAttentionSpec.max_memory_usage_bytes`` reads | ``decode_context_parallel_size`` | also ``prefill_context_parallel_size`` (0.12.0) |
 """
 
