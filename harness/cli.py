@@ -43,24 +43,21 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"error: {self.prog.split()[-1]}: {message}\n")
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} must be > 0")
-    return value
+def _positive(convert, kind: str):
+    """An argparse type: ``convert`` of the text, which must be > 0."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {kind}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{value} must be > 0")
+        return value
+    return parse
 
 
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{value} must be > 0")
-    return value
+positive_int = _positive(int, "an integer")
+positive_float = _positive(float, "a number")
 
 
 def output_folder(text: str) -> Path:

@@ -61,6 +61,7 @@ class Cause:
     features: collections.Counter = field(default_factory=collections.Counter)
     example: dict[str, Any] | None = None
     example_size: tuple[int, int] = (1 << 30, 0)
+    example_alone: bool = False  # the example shows this cause and no other
     shrunk: bool = False
 
     @property
@@ -72,12 +73,10 @@ class Cause:
             return f"unexplained: first difference in '{self.key[1]}'"
         return self.key[0]
 
-    example_alone: bool = False
-
     def offer(self, data: dict[str, Any], steps: int, alone: bool) -> None:
         """Keep the smallest example, preferring one this cause alone explains."""
         size = (len(data["requests"]), steps)
-        if (alone, ) > (self.example_alone, ) or (alone == self.example_alone and size < self.example_size):
+        if (not alone, size) < (not self.example_alone, self.example_size):
             self.example, self.example_size, self.example_alone = data, size, alone
 
 
@@ -88,11 +87,17 @@ class Checker:
         self.version = version
         self.vllm = get_engine("vllm")
         self.base = ReferenceEngine(BASE)
-        self.described = releases.is_described(version)
-        newest = version if self.described else _newest_described_before(version)
-        self.target = ReferenceEngine(newest)
+        self.target = ReferenceEngine(releases.newest_described(version))
         self.candidates = [c.name for c in releases.CHANGES]
-        self._single = {name: ReferenceEngine(BASE, frozenset({name})) for name in self.candidates}
+        self._with: dict[frozenset[str], ReferenceEngine] = {}
+        self._single = {name: self.base_with({name}) for name in self.candidates}
+
+    def base_with(self, changes: set[str]) -> ReferenceEngine:
+        """The reference with 0.11.0's rules plus ``changes`` (built once each)."""
+        key = frozenset(changes)
+        if key not in self._with:
+            self._with[key] = ReferenceEngine(BASE, key)
+        return self._with[key]
 
     def traces(self, stream: Stream) -> tuple[dict, dict, dict]:
         return (run(self.vllm, stream).to_json(), run(self.base, stream).to_json(),
@@ -109,18 +114,11 @@ class Checker:
         active = [n for n in self.candidates if n in self.target.rules]
         for i, a in enumerate(active):  # two changes at once, before all of them
             for b in active[i + 1:]:
-                pair = ReferenceEngine(BASE, frozenset({a, b}))
-                if first_divergence(new, run(pair, stream).to_json()) is None:
+                if first_divergence(new, run(self.base_with({a, b}), stream).to_json()) is None:
                     return (a, b)
         if first_divergence(new, target) is None:
             return tuple(sorted(self.target.rules))
         return ("unexplained", d.field)
-
-
-def _newest_described_before(version: str) -> str:
-    from harness.engines import _key
-    older = [r for r in releases.RELEASES if _key(r) <= _key(version)]
-    return older[-1] if older else BASE
 
 
 def _features(stream: Stream) -> list[str]:

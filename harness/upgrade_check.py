@@ -19,6 +19,7 @@ from pathlib import Path
 from harness.paths import ROOT, write_atomic
 from harness.sideenv import (SideEnvError, check_version, ensure_overlay, overlay_dir,
                              overlay_environment)
+from reference import releases
 
 INDEX_HEADER = [
     "# Upgrade checks: every vLLM release tried",
@@ -133,7 +134,5 @@ def _update_index(out: Path, version: str, drivable: str, result: str, causes: s
             if m:
                 rows[m.group(1)] = line
     rows[version] = f"| {version} | {drivable} | {result} | {causes} | [{version}.md]({version}.md) |"
-
-    def key(v: str):
-        return tuple(int(p) if p.isdigit() else 0 for p in v.split("."))
-    write_atomic(index, "\n".join(INDEX_HEADER + [rows[v] for v in sorted(rows, key=key)]) + "\n")
+    ordered = [rows[v] for v in sorted(rows, key=releases.order)]
+    write_atomic(index, "\n".join(INDEX_HEADER + ordered) + "\n")

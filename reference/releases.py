@@ -35,8 +35,8 @@ class RuleChange:
     until: str | None = None  # first release that went back to 0.11.0's rule
 
     def in_effect(self, release: str) -> bool:
-        r = _order(release)
-        return _order(self.since) <= r and (self.until is None or r < _order(self.until))
+        r = order(release)
+        return order(self.since) <= r and (self.until is None or r < order(self.until))
 
 
 CHANGES: tuple[RuleChange, ...] = (
@@ -73,12 +73,25 @@ CHANGES: tuple[RuleChange, ...] = (
 _BY_NAME = {c.name: c for c in CHANGES}
 
 
-def _order(release: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in release.split(".")[:3])
+def order(release: str) -> tuple[int, ...]:
+    """A sort key for release numbers (major, minor, patch); suffixes such as ``rc1``,
+    ``.post1`` or ``+cpu`` do not move a release past the next one."""
+    parts = []
+    for p in release.split("+")[0].split(".")[:3]:
+        digits = "".join(ch for ch in p if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
 
 
 def is_described(release: str) -> bool:
     return release in RELEASES
+
+
+def newest_described(release: str) -> str:
+    """The release whose rules describe ``release`` best: itself when described, else the
+    newest described release before it, else 0.11.0."""
+    older = [r for r in RELEASES if order(r) <= order(release)]
+    return older[-1] if older else RELEASES[0]
 
 
 def changes_in(release: str) -> tuple[RuleChange, ...]:

@@ -72,21 +72,7 @@ def reference_release() -> str:
     reference describes it, else the newest described release before it, else 0.11.0."""
     from reference import releases
     installed = installed_vllm_version()
-    if installed is None:
-        return releases.RELEASES[0]
-    base = installed.split("+")[0]
-    if releases.is_described(base):
-        return base
-    older = [r for r in releases.RELEASES if _key(r) <= _key(base)]
-    return older[-1] if older else releases.RELEASES[0]
-
-
-def _key(release: str) -> tuple:
-    parts = []
-    for p in release.split(".")[:3]:
-        digits = "".join(ch for ch in p if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
+    return releases.newest_described(installed) if installed else releases.RELEASES[0]
 
 
 def _vllm_engine():
