@@ -245,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--reports", action="store_true", help="print each killed mutant's divergence report")
     m.set_defaults(func=cmd_mutants)
 
-    cf = sub.add_parser("conformance", help="the main job: bundled scenarios, a short campaign, the seed table")
+    cf = sub.add_parser("conformance", help="the main job: bundled scenarios, KV sizing, a short campaign, the seed table")
     cf.add_argument("--examples", type=positive_int, default=300)
     cf.set_defaults(func=cmd_conformance)
     for name, func, text in (

@@ -1,8 +1,10 @@
 """``make conformance``: the main job, with one verdict at the end.
 
-Three parts: every bundled stream of ``fixtures/streams`` through vLLM and the
-reference; a fixed-seed hypothesis campaign; the seed example as a table of
-vLLM's run.  The verdict is CONFORMS only when every part is clean.
+Four parts: every bundled stream of ``fixtures/streams`` through vLLM and the
+reference; the KV sizing of every bundled model (``fixtures/models``), the
+reference's against vLLM's own computation; a fixed-seed hypothesis campaign;
+the seed example as a table of vLLM's run (its KB figures from vLLM's KV cache
+spec).  The verdict is CONFORMS only when every part is clean.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import sys
 from harness.campaign import fuzz
 from harness.conformance import check_streams
 from harness.engines import get_engine
+from harness.kv_sizing_check import report as kv_sizing_report
 from harness.paths import STREAMS_DIR
 from harness.runner import run
 from harness.stream import load_stream
@@ -25,15 +28,19 @@ def main(examples: int = 300) -> int:
     streams = [load_stream(p) for p in sorted(STREAMS_DIR.glob("*.json"))]
     ok, total = check_streams(streams, quiet=True)
     print(f"{ok}/{total} streams equal")
+    print("\n== KV sizing (fixtures/models): vLLM vs reference")
+    kv_text, kv_ok, kv_total = kv_sizing_report({s.config.block_size for s in streams})
+    print(kv_text)
     print(f"\n== hypothesis campaign ({examples} streams)")
     fuzz_status = fuzz(examples=examples, seed=0, profile=None)
     vllm = get_engine("vllm")
     if SEED_STREAM.exists():
         print("\n== the seed example, step by step (real vLLM)")
         print(render(run(vllm, load_stream(SEED_STREAM)).to_json()))
-    good = ok == total and fuzz_status == 0
+    good = ok == total and kv_ok == kv_total and fuzz_status == 0
     print(f"\nVERDICT: {'CONFORMS' if good else 'DIVERGES'} -- reference vs vLLM {vllm.version()}: "
-          f"{ok}/{total} bundled streams equal, campaign of {examples} streams "
+          f"{ok}/{total} bundled streams equal, {kv_ok}/{kv_total} KV sizing checks equal, "
+          f"campaign of {examples} streams "
           f"{'clean' if fuzz_status == 0 else 'found a divergence'}")
     sys.stdout.flush()
     return 0 if good else 1

@@ -5,13 +5,17 @@ One row per scheduled request per step: the tokens it computes (drafts marked
 bytes after, the pages it holds and their ids (long lists shortened), the
 prefix-cache hit of a request admitted in this step, its drafts (scheduled /
 accepted) and the preemptions of the step.
+
+The KB figures of a vLLM run come from vLLM (its KV cache spec's page size for
+the model as its ModelConfig reads it); those of a reference run from the
+reference's ``ModelShape``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from harness.engines import get_engine
+from harness.engines import get_engine, vllm_kv_sizes
 from harness.paths import MODELS_DIR
 from harness.runner import run
 from harness.stream import Stream
@@ -45,12 +49,25 @@ def _drafts(step: dict[str, Any], rid: str) -> str:
     return f"{len(drafts)}/{accepted}"
 
 
+def kv_sizes(trace: dict[str, Any]) -> tuple[int, int]:
+    """(bytes per token, bytes per page), over all layers, for the engine that made ``trace``.
+
+    A vLLM run's come from vLLM's own objects (its ModelConfig's reading of the model and its
+    FullAttentionSpec's page size, through :func:`harness.engines.vllm_kv_sizes`); the
+    reference's from ``reference.kv_sizing``.
+    """
+    config = trace["stream"]["config"]
+    model_dir = MODELS_DIR / config["model"]
+    if trace["engine"] == "vllm":
+        return vllm_kv_sizes(model_dir, config["block_size"], config["max_model_len"])
+    shape = ModelShape.load(model_dir)
+    return shape.bytes_per_token, shape.page_size_bytes_all_layers(config["block_size"])
+
+
 def render(trace: dict[str, Any]) -> str:
     stream = trace["stream"]
     config = stream["config"]
-    shape = ModelShape.load(MODELS_DIR / config["model"])
-    per_token = shape.bytes_per_token
-    page = shape.page_size_bytes(config["block_size"]) * shape.num_layers
+    per_token, page = kv_sizes(trace)
     prompts = {r["id"]: list(r["prompt"]) for r in stream["requests"]}
     outputs: dict[str, list[int]] = {rid: [] for rid in prompts}
     tables: dict[str, list[int]] = {rid: [] for rid in prompts}

@@ -6,6 +6,8 @@ case: one KV cache group holding every layer, one tensor per layer).
 
 Mirrors (vLLM 0.11.0):
 
+* vllm/config/model.py -- ModelConfig.get_num_kv_heads, get_head_size and
+  the dtype "auto" resolves to (how config.json gives the model shape)
 * vllm/v1/kv_cache_interface.py -- AttentionSpec.page_size_bytes,
   FullAttentionSpec.max_memory_usage_bytes
 * vllm/v1/core/kv_cache_utils.py -- get_num_blocks, may_override_num_blocks,
@@ -75,6 +77,27 @@ def resolve_kv_dtype(cache_dtype: str, model_dtype: str) -> str:
     return normalize_dtype(cache_dtype)
 
 
+# -- the model shape as a HF config.json states it (one rule per field) --------------
+
+def config_kv_heads(cfg: dict) -> int:
+    """KV heads: ``num_key_value_heads``; a config without it has one KV head per attention head."""
+    return cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+
+
+def config_head_size(cfg: dict) -> int:
+    """Head size: ``head_dim`` when the config gives one, else hidden_size / num_attention_heads."""
+    return cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+
+
+def config_dtype(cfg: dict) -> str:
+    """The dtype vLLM's dtype="auto" picks: the config's ``torch_dtype`` (configs of newer
+    transformers say ``dtype``), except that an unset or float32 dtype becomes bfloat16 (vLLM
+    reads an unset one as float32 and downcasts float32 to its platform's first choice,
+    bfloat16 on GPUs and on x86 and ARM CPUs)."""
+    name = cfg.get("torch_dtype") or cfg.get("dtype") or "float32"
+    return "bfloat16" if name == "float32" else name
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """The parts of a model config that decide the size of its KV cache.
@@ -90,13 +113,9 @@ class ModelShape:
 
     @classmethod
     def from_hf_config(cls, cfg: dict, dtype: str | None = None) -> "ModelShape":
-        heads = cfg["num_attention_heads"]
-        return cls(
-            num_layers=cfg["num_hidden_layers"],
-            num_kv_heads=cfg.get("num_key_value_heads", heads),
-            head_size=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            dtype=dtype or cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16",
-        )
+        """The shape a HF ``config.json`` describes; ``dtype`` overrides the config's dtype."""
+        return cls(num_layers=cfg["num_hidden_layers"], num_kv_heads=config_kv_heads(cfg),
+                   head_size=config_head_size(cfg), dtype=dtype or config_dtype(cfg))
 
     @classmethod
     def load(cls, model_dir: str | Path, dtype: str | None = None) -> "ModelShape":

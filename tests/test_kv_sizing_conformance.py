@@ -4,6 +4,8 @@ vLLM is reached only through ``harness.engines.vllm_kv_sizing``, which calls
 get_kv_cache_configs / get_num_blocks / check_enough_kv_cache_memory /
 estimate_max_model_len as vLLM's start-up does and answers in plain values.
 It is imported inside the ``vl`` fixture so that collection works without vLLM.
+Every bundled model (``fixtures/models``) is checked as ``make conformance``
+checks it, through ``harness.kv_sizing_check``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import re
 
 import pytest
 
+from harness import kv_sizing_check
 from harness.paths import MODELS_DIR
 from reference.kv_sizing import (
     ModelShape,
@@ -58,9 +61,17 @@ def _ref_shape(layers, heads, head_size, model_dtype, cache_dtype) -> ModelShape
 
 # --- the fixture model and the seed numbers ----------------------------------
 
+@pytest.mark.parametrize("model_dir", kv_sizing_check.model_dirs(), ids=lambda p: p.name)
+def test_bundled_model_sizing_matches_vllm(vllm_engine, model_dir):
+    """Shape, bytes per token, pages, one request's need and blocks per budget of each bundled
+    model: the checks ``make conformance`` prints (harness.kv_sizing_check)."""
+    diffs = kv_sizing_check.differences([model_dir])
+    assert not diffs, "\n".join(c.line() for c in diffs)
+
+
 def test_fixture_shape_matches_model_config(vl):
     ref = ModelShape.load(QWEN_DIR)
-    assert vl.model_shape("bfloat16", 2048) == (
+    assert vl.model_shape("auto", 2048) == (
         ref.num_layers, ref.num_kv_heads, ref.head_size, ref.dtype)
 
 

@@ -27,13 +27,13 @@ LAYERS: list[tuple[str, ...]] = [
     ("engines.base", "counterexamples", "engines.vllm_env"),
     # the scripted model, traces, the reference engine, vLLM's moved API
     ("model", "trace", "engines.reference_engine", "engines.vllm_compat"),
-    # the vLLM engine; the step loop, the diff, the strategies
-    ("engines.vllm_adapter", "runner", "diff", "strategies"),
-    # engines by name, vLLM's sizing and mutants
-    ("engines", "engines.vllm_kv_sizing", "engines.vllm_mutants"),
-    # comparing engines, recorded traces, tables, the benchmark, the property registry,
-    # the mutant catalogue
-    ("conformance", "golden", "table", "bench", "properties", "mutants"),
+    # the vLLM engine and its KV sizing; the step loop, the diff, the strategies
+    ("engines.vllm_adapter", "engines.vllm_kv_sizing", "runner", "diff", "strategies"),
+    # engines by name (and vLLM's sizing by model), vLLM's mutants
+    ("engines", "engines.vllm_mutants"),
+    # comparing engines, the KV sizing check, recorded traces, tables, the benchmark, the
+    # property registry, the mutant catalogue
+    ("conformance", "kv_sizing_check", "golden", "table", "bench", "properties", "mutants"),
     # campaigns and the mutant hunt
     ("campaign", "mutants.hunt", "upgrade"),
     # the upgrade check from the base environment

@@ -6,7 +6,8 @@ Everything that imports ``vllm`` or ``torch`` lives in this package:
   of a scheduler output into the engine-neutral :class:`~harness.engines.base.Scheduled`;
 * :mod:`harness.engines.reference_engine` -- the clean-room reference (never imports vLLM);
 * :mod:`harness.engines.vllm_adapter` -- vLLM's real scheduler, instrumented;
-* :mod:`harness.engines.vllm_kv_sizing` -- vLLM's start-up KV sizing, in plain values;
+* :mod:`harness.engines.vllm_kv_sizing` -- vLLM's start-up KV sizing, in plain values
+  (:func:`vllm_kv_sizes`: bytes per token and per page of a model, for the seed table);
 * :mod:`harness.engines.vllm_mutants` -- patches of vLLM that stand in for an upgrade.
 
 An engine is built once per process (importing vLLM takes seconds) and reused
@@ -15,9 +16,13 @@ for every stream: ``start(stream)`` resets it.
 
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
+
 ENGINE_NAMES = ("vllm", "reference")
 
 _BUILT: dict[str, object] = {}
+_KV_SIZING: dict[Path, object] = {}
 
 
 class UnknownEngine(ValueError):
@@ -76,8 +81,33 @@ def reference_release() -> str:
 
 
 def _vllm_engine():
-    try:
+    with _vllm_importable():
         from harness.engines.vllm_adapter import VllmEngine
+    return VllmEngine()
+
+
+def vllm_sizing(model_dir: Path):
+    """vLLM's start-up KV sizing for a model config folder (a ``VllmKVSizing``, one per
+    folder and process; it keeps vLLM's configs, never a size)."""
+    key = Path(model_dir).resolve()
+    if key not in _KV_SIZING:
+        with _vllm_importable():
+            from harness.engines.vllm_kv_sizing import VllmKVSizing
+        _KV_SIZING[key] = VllmKVSizing(key)
+    return _KV_SIZING[key]
+
+
+def vllm_kv_sizes(model_dir: Path, block_size: int, max_model_len: int) -> tuple[int, int]:
+    """(bytes per token, bytes per ``block_size``-token page), over all layers, from vLLM's
+    KV cache spec for the model as vLLM's ModelConfig reads it; computed on every call."""
+    return vllm_sizing(model_dir).model_kv_sizes(block_size, max_model_len)
+
+
+@contextlib.contextmanager
+def _vllm_importable():
+    """Turn a missing vLLM (or a name gone from it) into EngineUnavailable."""
+    try:
+        yield
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.split(".")[0] in ("vllm", "torch"):
             raise EngineUnavailable(f"vLLM cannot be driven: {exc.name} is not installed "
@@ -85,7 +115,6 @@ def _vllm_engine():
         raise
     except ImportError as exc:  # a name the adapter imports is gone from this vLLM
         raise EngineUnavailable(f"vLLM cannot be driven: {_one_line(exc)}") from None
-    return VllmEngine()
 
 
 def _one_line(exc: BaseException) -> str:

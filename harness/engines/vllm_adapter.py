@@ -133,13 +133,14 @@ def build_scheduler(c: Config) -> Scheduler:
     wanted = (c.max_num_batched_tokens, c.block_size, c.enable_chunked_prefill, c.max_model_len)
     if effective != wanted:
         raise RuntimeError(f"vLLM changed the config: wanted {wanted}, got {effective}")
-    hf = mc.hf_config
-    head_size = hf.hidden_size // hf.num_attention_heads
-    spec = FullAttentionSpec(block_size=c.block_size, num_kv_heads=hf.num_key_value_heads,
-                             head_size=head_size, dtype=torch.bfloat16)
+    # The model as vLLM reads it (a config may lack num_key_value_heads or give head_dim).
+    pc = vc.parallel_config
+    spec = FullAttentionSpec(block_size=c.block_size, num_kv_heads=mc.get_num_kv_heads(pc),
+                             head_size=mc.get_head_size(), dtype=mc.dtype)
     kv_config = KVCacheConfig(
         num_blocks=c.num_gpu_blocks, kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec([f"layers.{i}" for i in range(hf.num_hidden_layers)], spec)])
+        kv_cache_groups=[KVCacheGroupSpec([f"layers.{i}" for i in range(mc.get_num_layers(pc))],
+                                          spec)])
     return Scheduler(vllm_config=vc, kv_cache_config=kv_config,
                      structured_output_manager=StructuredOutputManager(vc), log_stats=False,
                      **compat.scheduler_kwargs(vc))

@@ -1,13 +1,15 @@
 """vLLM's own start-up KV sizing, called on the CPU and answered in plain values.
 
 The reference's ``reference.kv_sizing`` is compared with these answers
-(``tests/test_kv_sizing_conformance.py``).  vLLM's objects are built offline:
-one ``FullAttentionSpec`` per layer, a ``VllmConfig`` from a bundled model
-config (only ``max_model_len`` and the model dtype matter to the sizing code),
-and then ``get_kv_cache_configs``, ``get_num_blocks``,
-``check_enough_kv_cache_memory`` and ``estimate_max_model_len`` are called as
-vLLM's engine calls them at start-up.  Nothing here returns a vLLM or torch
-object: every answer is an int, a string, a tuple or a dict of those.
+(``tests/test_kv_sizing_conformance.py``, ``harness.kv_sizing_check`` in ``make
+conformance``), and the seed table of a vLLM run takes its KB figures from
+them.  vLLM's objects are built offline: one ``FullAttentionSpec`` per layer,
+a ``VllmConfig`` from a bundled model config (only ``max_model_len`` and the
+model dtype matter to the sizing code), and then ``get_kv_cache_configs``,
+``get_num_blocks``, ``check_enough_kv_cache_memory`` and
+``estimate_max_model_len`` are called as vLLM's engine calls them at start-up.
+Nothing here returns a vLLM or torch object: every answer is an int, a string,
+a tuple or a dict of those.
 """
 
 from __future__ import annotations
@@ -80,11 +82,24 @@ class VllmKVSizing:
     # -- the model ------------------------------------------------------------------------
 
     def model_shape(self, model_dtype: str, max_model_len: int) -> tuple[int, int, int, str]:
-        """(layers, KV heads, head size, dtype name) as vLLM reads the bundled config."""
+        """(layers, KV heads, head size, dtype name) as vLLM reads the bundled config
+        (``model_dtype`` "auto": the dtype vLLM picks from the config)."""
         vc = self._vllm_config(model_dtype, "auto", 16, max_model_len)
         mc, pc = vc.model_config, vc.parallel_config
         return (mc.get_num_layers(pc), mc.get_num_kv_heads(pc), mc.get_head_size(),
                 str(mc.dtype).removeprefix("torch."))
+
+    def model_kv_sizes(self, block_size: int, max_model_len: int) -> tuple[int, int]:
+        """(bytes per token, bytes per ``block_size``-token page), both over all layers.
+
+        The model is read as vLLM's ModelConfig reads it (dtype "auto", KV cache "auto"); the
+        sizes are its FullAttentionSpec's ``page_size_bytes`` (a one-token page for the
+        first) times its layers.  Nothing is cached: a patched spec is seen at once.
+        """
+        layers, heads, head_size, dtype = self.model_shape("auto", max_model_len)
+        per_token = self.page_size_bytes(1, heads, head_size, dtype, "auto")
+        page = self.page_size_bytes(block_size, heads, head_size, dtype, "auto")
+        return per_token * layers, page * layers
 
     def kv_dtype_size(self, model_dtype: str, cache_dtype: str) -> int:
         return get_dtype_size(self._kv_dtype(model_dtype, cache_dtype))

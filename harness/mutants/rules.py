@@ -255,6 +255,42 @@ def _page_start(self, table, position):
     return table[position // self.block_size] * self.block_size
 
 
+# -- KV sizing: the model shape read from config.json ----------------------------------------
+# No stream shows these (the scheduler counts pages, not bytes): they are killed by the KV
+# sizing check, harness.kv_sizing_check.differences() (make conformance, and
+# tests/test_kv_sizing_conformance.py), over the bundled model configs.
+
+from reference import kv_sizing as rkvs
+
+MODEL_CONFIG = "vllm/config/model.py"
+
+
+@mutant("kv_heads_from_attention_heads",
+        "KV heads are num_key_value_heads (one per attention head when absent)", MODEL_CONFIG,
+        replaces=(rkvs, "config_kv_heads"))
+def _attention_heads(cfg):
+    return cfg["num_attention_heads"]
+
+
+@mutant("head_size_from_kv_heads",
+        "head size is head_dim, else hidden_size / num_attention_heads", MODEL_CONFIG,
+        replaces=(rkvs, "config_head_size"))
+def _hidden_over_kv_heads(cfg):
+    return cfg.get("head_dim") or cfg["hidden_size"] // rkvs.config_kv_heads(cfg)
+
+
+@mutant("head_dim_key_ignored", "a config's head_dim wins over hidden_size / num_attention_heads",
+        MODEL_CONFIG, replaces=(rkvs, "config_head_size"))
+def _hidden_over_heads(cfg):
+    return cfg["hidden_size"] // cfg["num_attention_heads"]
+
+
+@mutant("dtype_key_ignored", "the model dtype is the config's torch_dtype (newer configs: dtype)",
+        MODEL_CONFIG, replaces=(rkvs, "config_dtype"))
+def _newer_key_only(cfg):
+    return cfg.get("dtype") or "bfloat16"
+
+
 # -- equivalent: no stream can tell them from the original -----------------------------------
 
 MUTANTS += [
