@@ -32,6 +32,10 @@ from harness.stats import Stats
 
 LABEL = "fuzz"
 
+#: The main job's campaign (make conformance): this many streams, from this seed.
+MAIN_JOB_EXAMPLES = 300
+MAIN_JOB_SEED = 0
+
 
 class Interrupted(BaseException):
     """Raised inside the property when a stop was asked for; hypothesis lets it through."""
@@ -119,6 +123,19 @@ class Progress:
             sys.stderr.write("\n")
 
 
+def given_campaign(body, examples: int, seed: int | None, base: settings | None = None):
+    """``body`` as the campaign's hypothesis test: ``examples`` streams of the whole
+    space, from ``seed`` when given (the main job's are seed 0), else as the profile says.
+    The mutant hunt draws the main job's streams through this too."""
+    base = base or settings()
+    test = settings(base, max_examples=examples, print_blob=False, deadline=None,
+                    suppress_health_check=list(HealthCheck),
+                    derandomize=base.derandomize and seed is None,
+                    database=None if seed is not None else base.database)(
+        given(by_name("whole_space").strategy())(body))
+    return fixed_seed(seed)(test) if seed is not None else test
+
+
 def run_campaign(examples: int | None = None, seed: int | None = None,
                  profile: str | None = None) -> CampaignResult:
     """Check streams of the whole space until ``examples`` have run, one diverges, or a stop."""
@@ -132,11 +149,6 @@ def run_campaign(examples: int | None = None, seed: int | None = None,
     failed = False
 
     with stop_on_signals() as stop:
-        @settings(base, max_examples=examples, print_blob=False, deadline=None,
-                  suppress_health_check=list(HealthCheck),
-                  derandomize=base.derandomize and seed is None,
-                  database=None if seed is not None else base.database)
-        @given(by_name("whole_space").strategy())
         def campaign(data):
             nonlocal failed
             if stop.is_set():
@@ -153,10 +165,8 @@ def run_campaign(examples: int | None = None, seed: int | None = None,
             finally:
                 progress.update(result.stats.counts["streams"], result.shrink_runs)
 
-        if seed is not None:
-            campaign = fixed_seed(seed)(campaign)
         try:
-            campaign()
+            given_campaign(campaign, examples, seed, base)()
         except (Divergent, Flaky) as exc:
             result.divergence = str(exc)
         except (Interrupted, KeyboardInterrupt):

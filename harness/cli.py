@@ -1,5 +1,5 @@
 """``python -m harness`` (or ``vllm-conformance``): trace, check, table, record, replay,
-fuzz, mutants, conformance, bench.
+fuzz, reach, mutants, conformance, bench.
 
 Exit codes:
 
@@ -154,6 +154,28 @@ def cmd_fuzz(ns) -> int:
     return fuzz(examples=ns.examples, seed=ns.seed, profile=ns.profile, as_json=ns.json)
 
 
+def cmd_reach(ns) -> int:
+    """The rule report: how many streams of a profile reach each named rule."""
+    import json
+
+    from harness.properties import PROPERTIES
+    from harness.reach import floor_message, reach_of_profile
+    known = [p.name for p in PROPERTIES]
+    unknown = sorted(set(ns.only or ()) - set(known))
+    if unknown:
+        raise UsageError(f"--only: unknown property {unknown[0]!r} ({', '.join(known)})")
+    props = [p for p in PROPERTIES if not ns.only or p.name in ns.only]
+    report = reach_of_profile(ns.profile, properties=props, examples=ns.examples)
+    if ns.json:
+        print(json.dumps(report.to_json(), indent=1, sort_keys=True))
+    else:
+        print(report.table(floor=ns.floor))
+    message = floor_message(report, ns.floor, ns.profile)
+    if message:
+        print(message, file=sys.stderr)
+    return 1 if message else 0
+
+
 def cmd_mutants(ns) -> int:
     from harness.mutants.hunt import main as mutants_main
     return mutants_main(budget=ns.budget, names=ns.only, show_reports=ns.reports)
@@ -239,7 +261,20 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--json", action="store_true", help="the result as one JSON object")
     f.set_defaults(func=cmd_fuzz)
 
-    m = sub.add_parser("mutants", help="check that every mutant of the reference is killed")
+    r = sub.add_parser("reach", help="the rule report: streams of a profile that reach each "
+                                     "named rule (its mutant changes their trace)")
+    r.add_argument("--profile", choices=("ci", "dev", "nightly"), default="ci")
+    r.add_argument("--examples", type=positive_int, default=None,
+                   help="streams per property (default: the profile's)")
+    r.add_argument("--only", nargs="*", default=None, metavar="PROPERTY",
+                   help="these properties' streams only")
+    r.add_argument("--floor", type=positive_int, default=20,
+                   help="exit 1 when a rule is reached by fewer streams (default 20)")
+    r.add_argument("--json", action="store_true", help="the report as one JSON object")
+    r.set_defaults(func=cmd_reach)
+
+    m = sub.add_parser("mutants", help="kill tables: every mutant under the ci profile and "
+                                       "the main job")
     m.add_argument("--budget", type=positive_float, default=None, help="seconds per mutant")
     m.add_argument("--only", nargs="*", default=None)
     m.add_argument("--reports", action="store_true", help="print each killed mutant's divergence report")

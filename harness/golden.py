@@ -97,6 +97,25 @@ def replay_one(path: Path, streams_dir: Path | None = STREAMS_DIR):
     return first_divergence(golden, mine), golden, mine
 
 
+def replay_all_releases() -> tuple[int, int, list[str]]:
+    """Replay the recorded traces of every release in fixtures/traces, each against the
+    reference stating that release: (matching, total, one line per trace that does not)."""
+    from harness.paths import TRACES_DIR
+    ok, total, bad = 0, 0, []
+    for path in sorted(TRACES_DIR.glob("vllm-*/*.json")):
+        total += 1
+        try:
+            d, _, _ = replay_one(path)
+        except StaleTrace as exc:
+            bad.append(f"{path.parent.name}/{path.name}: STALE: {exc}")
+            continue
+        if d is None:
+            ok += 1
+        else:
+            bad.append(f"{path.parent.name}/{path.name}: step {d.step}, {d.field} differs")
+    return ok, total, bad
+
+
 def read_trace(path: Path) -> Any:
     """A recorded trace file's JSON; unreadable or invalid JSON is a StreamError (bad input)."""
     try:

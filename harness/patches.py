@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 from unittest import mock
 
 Patch = Callable[[], contextlib.AbstractContextManager]
@@ -25,6 +25,7 @@ SINGLE_TYPE = "vllm/v1/core/single_type_kv_cache_manager.py"
 KV_CACHE_UTILS = "vllm/v1/core/kv_cache_utils.py"
 REQUEST = "vllm/v1/request.py"
 WORKER_BLOCK_TABLE = "vllm/v1/worker/block_table.py"
+MODEL_CONFIG = "vllm/config/model.py"
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,15 @@ class Mutant:
     side: str = "reference"  # or "vllm"
     # Why no stream can tell this mutant from the original, when that is so.
     equivalent: str = ""
+    # The reference.quirks entry whose behaviour it takes away, when it is one.
+    quirk: str = ""
+    # What can tell it from the original: "streams" (traces) or "kv sizing"
+    # (harness.kv_sizing_check, over the bundled model configs).
+    checked_by: str = "streams"
+    # A stream config on which the mutant cannot change the trace (no drafts for a
+    # draft rule, ...) makes this False; the rule report (harness.reach) then skips
+    # the run.  None: it may change any stream.  tests/test_reach.py checks the claim.
+    applies: Callable[[Any], bool] | None = None
 
 
 def replace(obj, attr: str, new) -> Patch:

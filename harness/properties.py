@@ -10,9 +10,11 @@ lists.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
+from hypothesis import given, seed, settings
 from hypothesis.strategies import SearchStrategy
 
 from harness import strategies as st
@@ -24,10 +26,35 @@ class Property:
     strategy: Callable[[], SearchStrategy]
     # Rules (as named by the strategy quality tests) its streams are meant to reach.
     rules: tuple[str, ...] = ()
+    # Named rules (harness.reach) it is aimed at: its own streams reach each of them.
+    targets: tuple[str, ...] = ()
+    # Streams per run, as a multiple of the profile's max_examples: more for a
+    # property whose target fires in fewer than one stream in twenty.
+    scale: int = 1
 
     @property
     def test_name(self) -> str:
         return f"test_conformance_{self.name}"
+
+    @property
+    def seed(self) -> int:
+        """The seed of its streams under a derandomized profile (ci): from its name."""
+        return zlib.crc32(self.name.encode())
+
+
+def given_property(prop: Property, body: Callable[[dict[str, Any]], None]) -> Callable[[], None]:
+    """``body`` as a hypothesis test over the property's streams.
+
+    Under a derandomized profile the streams are seeded by the property's name
+    rather than by the test function, so the conformance test and the rule
+    report (``harness.reach``) see the same streams as long as neither fails.
+    """
+    test = given(prop.strategy())(body)
+    if prop.scale != 1:
+        test = settings(max_examples=settings().max_examples * prop.scale)(test)
+    if settings().derandomize:
+        test = seed(prop.seed)(test)
+    return test
 
 
 PROPERTIES: tuple[Property, ...] = (
@@ -40,6 +67,17 @@ PROPERTIES: tuple[Property, ...] = (
     Property("stops_and_aborts", st.stop_and_abort_streams,
              ("abort_waiting", "abort_running", "abort_preempted", "eos_stop",
               "stop_token_stop", "max_model_len_stop")),
+    Property("crowds", st.crowd_streams, ("preempt_fcfs", "preempt_priority"),
+             targets=("fcfs_victim_by_id", "priority_victim_by_id", "outputs_in_id_order")),
+    Property("set_aside", st.set_aside_streams,
+             targets=("set_aside_order_kept", "skipped_waiting_to_tail",
+                      "chunked_off_stops_at_first_misfit_dropped", "fcfs_victim_newest_arrival")),
+    Property("set_aside_threshold", st.set_aside_threshold_streams,
+             targets=("set_aside_before_threshold",)),
+    Property("priority_victims", st.priority_victim_streams, ("preempt_priority",),
+             targets=("priority_quirk_fixed", "priority_victim_loses_its_grant_dropped")),
+    Property("priority_victim_drafts", st.priority_victim_draft_streams, ("draft_rejection",),
+             targets=("rejected_drafts_kept_by_victim",), scale=3),
 )
 
 

@@ -20,8 +20,11 @@ Public strategies:
   (shared prefixes, stop rules, aborts, salts, drafts, ...) on or off.
 * Area-focused variants: :func:`preemption_streams`,
   :func:`prefix_cache_streams`, :func:`chunked_prefill_streams`,
-  :func:`spec_decode_streams`, :func:`stop_and_abort_streams`, and
-  :func:`any_stream`, which mixes all of them.
+  :func:`spec_decode_streams`, :func:`stop_and_abort_streams`;
+* targeted variants for rules that need a rare combination (the rule report,
+  ``harness.reach``, shows they are needed): :func:`crowd_streams` (up to 72
+  requests, ties), :func:`set_aside_streams`, :func:`priority_victim_streams`;
+* :func:`any_stream`, which mixes all of them.
 
 Shrinking, in general: fewer requests, shorter prompts and outputs, earlier
 arrivals, features switched off (no drafts, no aborts, no salt, no prompt
@@ -43,7 +46,9 @@ from harness.stream import Config, RequestSpec, StreamError, parse_stream
 
 __all__ = [
     "STOP_MODES", "configs", "streams", "preemption_streams", "prefix_cache_streams",
-    "chunked_prefill_streams", "spec_decode_streams", "stop_and_abort_streams", "any_stream",
+    "chunked_prefill_streams", "spec_decode_streams", "stop_and_abort_streams",
+    "crowd_streams", "set_aside_streams", "set_aside_threshold_streams",
+    "priority_victim_streams", "priority_victim_draft_streams", "any_stream", "request_ids",
 ]
 
 #: Token ids are drawn from ``range(vocab_size)``; small, so that prefixes,
@@ -353,13 +358,17 @@ def streams(draw, config: dict[str, Any] | SearchStrategy | None = None,
             cache_salts: bool = True,
             prompt_logprobs: bool = True,
             resets: bool = True,
-            drafts: bool = True) -> dict[str, Any]:
+            drafts: bool = True,
+            bursts: int = 0,
+            priority_values: SearchStrategy[int] = st.integers(0, 2)) -> dict[str, Any]:
     """A valid stream dict: ``{"config": ..., "requests": [...]}``.
 
     ``config`` is a config dict, a strategy of config dicts, or None for
-    :func:`configs`.  Requests are ``"r0"``, ``"r1"``, ... in arrival order
-    (arrival steps ascend, with ties) over ``0 .. max_arrival_step``.  The
-    knobs switch features on (the strategy then *may* use them) or off:
+    :func:`configs`.  Requests are listed in arrival order (arrival steps
+    ascend, with ties) over ``0 .. max_arrival_step``; their ids are drawn
+    apart from that order (:func:`request_ids`), so no rule can pass by
+    mistaking an id for an arrival.  The knobs switch features on (the
+    strategy then *may* use them) or off:
 
     * ``vocab_size`` -- token ids are ``0 .. vocab_size - 1``;
     * ``min_prompt_len``/``max_prompt_len``/``max_output_len`` -- lengths,
@@ -373,7 +382,10 @@ def streams(draw, config: dict[str, Any] | SearchStrategy | None = None,
       1 .. ``max_abort_delay`` steps after its arrival), ``priorities``
       (0-2, ties common), ``cache_salts`` (two salts), ``prompt_logprobs``, ``resets``
       (``reset_prefix_cache_steps``) and ``drafts`` (draft lists when the
-      config has ``num_speculative_tokens > 0``).
+      config has ``num_speculative_tokens > 0``);
+    * ``bursts`` -- when positive, requests arrive together at most that many
+      distinct steps (ties of arrival step), else anywhere in the range;
+    * ``priority_values`` -- the strategy a request's priority comes from.
 
     Shrinks towards: the shrunk config, ``min_requests`` requests arriving at
     step 0, fresh short prompts, the first stop mode in ``stop_modes``, and
@@ -400,17 +412,17 @@ def streams(draw, config: dict[str, Any] | SearchStrategy | None = None,
     use_prefixes = shared_prefixes == "always" or (shared_prefixes and draw(st.booleans()))
     prefixes = draw(_prefix_pool(config, vocab_size)) if use_prefixes else []
     count = draw(st.integers(min_requests, max_requests))
-    arrivals = sorted(draw(st.lists(st.integers(0, max_arrival_step),
-                                    min_size=count, max_size=count)))
+    arrivals = draw(_arrival_steps(count, max_arrival_step, bursts))
+    ids = draw(request_ids(count))
     requests: list[dict[str, Any]] = []
-    for i, arrival in enumerate(arrivals):
+    for rid, arrival in zip(ids, arrivals):
         prompt = _draw_prompt(draw, config, requests, prefixes, vocab_size, min_len, max_len)
-        req: dict[str, Any] = {"id": f"r{i}", "prompt": prompt}
+        req: dict[str, Any] = {"id": rid, "prompt": prompt}
         if arrival:
             req["arrival_step"] = arrival
         req.update(_draw_output(draw, config, len(prompt), vocab_size, stop_modes, max_output_len))
         if priorities and draw(st.booleans()):
-            req["priority"] = draw(st.integers(0, 2))
+            req["priority"] = draw(priority_values)
         if aborts and _one_in(draw, abort_one_in):
             req["abort_step"] = arrival + draw(st.integers(1, max_abort_delay))
         if cache_salts and _one_in(draw, 4):
@@ -428,6 +440,23 @@ def streams(draw, config: dict[str, Any] | SearchStrategy | None = None,
         data["reset_prefix_cache_steps"] = sorted(set(
             draw(st.lists(st.integers(0, max_arrival_step + 20), min_size=1, max_size=3))))
     return data
+
+
+def request_ids(count: int) -> SearchStrategy[list[str]]:
+    """``count`` distinct ids ``r<n>``, ``n`` in 0..999 drawn in any order: arrival
+    order, numeric order and string order (``"r10" < "r9"``) all disagree.
+    Shrinks towards ``r0, r1, ...`` in arrival order."""
+    return st.lists(st.integers(0, 999), min_size=count, max_size=count, unique=True).map(
+        lambda ns: [f"r{n}" for n in ns])
+
+
+@st.composite
+def _arrival_steps(draw, count: int, max_step: int, bursts: int) -> list[int]:
+    """Ascending arrival steps; with ``bursts``, drawn from at most that many steps."""
+    if bursts > 0:
+        steps = draw(st.lists(st.integers(0, max_step), min_size=1, max_size=bursts))
+        return sorted(draw(st.sampled_from(steps)) for _ in range(count))
+    return sorted(draw(st.lists(st.integers(0, max_step), min_size=count, max_size=count)))
 
 
 def _spec_of(req: dict[str, Any]) -> RequestSpec:
@@ -547,12 +576,143 @@ def stop_and_abort_streams(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
                                 max_output_len=20), knobs))
 
 
+# ---------------------------------------------------------------------------
+# Targeted variants: the rules that need a rare combination
+# ---------------------------------------------------------------------------
+
+def crowd_streams(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
+    """Crowds: 8-20 requests, or 64-72 one time in four, arriving in 1-3 bursts,
+    two priority levels.
+
+    Many ties of arrival step and priority, ids in no particular order, 2-8
+    seats and pools of a few spare pages, so that the running list, the
+    waiting queue and the preemption victims are ordered by arrival and
+    running order while ids say something else (tie-breaks, fcfs victims
+    that resumed behind newer requests, outputs taken in scheduling order).
+    Short prompts and outputs keep each run within a few hundred steps.
+    ``knobs`` go to :func:`streams`.
+    Shrinks towards: 8 requests at step 0, fcfs.  (``min_requests`` and
+    ``max_requests`` in ``knobs`` override the drawn crowd size.)
+    """
+    config = configs(block_size=st.sampled_from([4, 2, 8]), max_model_len=st.integers(12, 32),
+                     max_num_seqs=st.integers(2, 8), spare_blocks=st.integers(0, 6),
+                     budget=st.integers(8, 48), max_steps=1000)
+    return _crowd(config, knobs)
+
+
+@st.composite
+def _crowd(draw, config, knobs: dict[str, Any]) -> dict[str, Any]:
+    # One crowd in four is 64-72 requests; the others 8-20 (they cost a run each).
+    size = draw(_rarely(st.integers(64, 72), st.integers(8, 20), one_in=4))
+    return draw(streams(**_with(dict(config=config, min_requests=size, max_requests=size,
+                                     bursts=3, max_arrival_step=8, max_prompt_len=12,
+                                     max_output_len=8, priority_values=st.integers(0, 1),
+                                     abort_one_in=8), knobs)))
+
+
+@st.composite
+def _set_aside_configs(draw, threshold: bool | None) -> dict[str, Any]:
+    max_model_len = draw(st.integers(12, 32))
+    some = st.integers(1, max_model_len // 2)
+    return draw(configs(
+        enable_chunked_prefill=False, max_model_len=max_model_len,
+        max_num_seqs=st.integers(2, 6), spare_blocks=_rarely(st.integers(4, 12), st.integers(0, 3)),
+        max_num_batched_tokens=st.integers(max_model_len, max_model_len + max_model_len // 2),
+        long_prefill_token_threshold=(st.one_of(st.just(0), some) if threshold is None
+                                      else some if threshold else 0),
+        policy=_rarely(st.just("priority"), st.just("fcfs"), one_in=4)))
+
+
+@st.composite
+def set_aside_streams(draw, *, threshold: bool | None = None, **knobs: Any) -> dict[str, Any]:
+    """Chunked prefill off, and several waiting prompts too long for what is left.
+
+    A budget between max_model_len and 1.5 times it, bursts of 3-12 requests
+    with prompts of any length up to the model's, and a long-prefill
+    threshold in half of the configs: steps set aside two or more requests
+    (0.11.0 puts them back reversed; 0.12.0 stops at the first), and the
+    threshold decides before the whole-prompt test whether one fits.  Pools
+    are tight (0-3 spare pages, now and then more) and in half of the streams
+    the earliest arrivals have the longest prompts, so that requests join the
+    running list out of arrival order and then get preempted: the fcfs victim
+    is the last to join, not the newest arrival.  No aborts.  ``threshold``
+    True or False forces a threshold on or off (None: half of the configs).
+    ``knobs`` go to :func:`streams`.
+    Shrinks towards: three requests at step 0, fcfs, no threshold.
+    """
+    data = draw(streams(**_with(dict(config=_set_aside_configs(threshold), min_requests=3,
+                                     max_requests=12, bursts=2, max_arrival_step=6,
+                                     max_prompt_len=32, max_output_len=24,
+                                     shared_prefixes=False, aborts=False), knobs)))
+    if _one_in(draw, 2):
+        _longest_prompts_first(data["requests"])
+    return data
+
+
+def _longest_prompts_first(requests: list[dict[str, Any]]) -> None:
+    """Give the earliest arrivals the longest prompts (each request's prompt, script and
+    stop fields move together; ids and arrival steps stay), so that the long ones are
+    set aside and join the running list after shorter, newer ones."""
+    kept = ("id", "arrival_step")
+    bodies = sorted(({k: v for k, v in r.items() if k not in kept} for r in requests),
+                    key=lambda body: -len(body["prompt"]))
+    for request, body in zip(requests, bodies):
+        head = {k: request[k] for k in kept if k in request}
+        request.clear()
+        request.update(head, **body)
+
+
+@st.composite
+def priority_victim_streams(draw, *, drafts: bool | None = None, **knobs: Any) -> dict[str, Any]:
+    """Priority scheduling where the victim was already scheduled in the same step.
+
+    Less urgent requests arrive first, so they stand first in the running list
+    and are scheduled before the urgent ones that later need pages from a
+    tight pool: the victim (the least urgent) already holds this step's grant
+    (quirks.PRIORITY_VICTIM_KEEPS_ITS_GRANT, and with drafts
+    REJECTED_DRAFTS_ALWAYS_SUBTRACTED).  Drafts in three configs of four
+    (``drafts`` True or False: in every config or in none).
+    ``knobs`` go to :func:`streams`.
+    Shrinks towards: two requests, equal priorities, drafts of one token.
+    """
+    config = configs(policy="priority", block_size=st.sampled_from([4, 2, 8]),
+                     max_model_len=st.integers(12, 40), spare_blocks=st.integers(0, 2),
+                     max_num_seqs=st.integers(2, 6),
+                     num_speculative_tokens=(_rarely(st.just(0), st.integers(1, 3), one_in=4)
+                                             if drafts is None
+                                             else st.integers(1, 3) if drafts else 0))
+    data = draw(streams(**_with(dict(config=config, min_requests=2, max_requests=6,
+                                     max_arrival_step=3, max_output_len=24,
+                                     priorities=False), knobs)))
+    levels = sorted(draw(st.lists(st.integers(0, 3), min_size=len(data["requests"]),
+                                  max_size=len(data["requests"]))), reverse=True)
+    for request, level in zip(data["requests"], levels):
+        if level:
+            request["priority"] = level
+    return data
+
+
+def set_aside_threshold_streams(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
+    """:func:`set_aside_streams` with a long-prefill threshold in every config: the
+    threshold caps a prompt before the whole-prompt test decides whether it fits."""
+    return set_aside_streams(threshold=True, **knobs)
+
+
+def priority_victim_draft_streams(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
+    """:func:`priority_victim_streams` with drafts in every config and 3-8 requests: a
+    victim that keeps its grant also has its rejected drafts taken back."""
+    return priority_victim_streams(drafts=True, **_with(dict(min_requests=3, max_requests=8),
+                                                        knobs))
+
+
 def any_stream(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
-    """Any stream: the general :func:`streams` or one of the focused variants.
+    """Any stream: the general :func:`streams` or one of the focused or targeted variants.
 
     ``knobs`` go to every branch.  Shrinks towards the general
     :func:`streams` branch (the first one).
     """
     return st.one_of(streams(**knobs), preemption_streams(**knobs),
                      prefix_cache_streams(**knobs), chunked_prefill_streams(**knobs),
-                     spec_decode_streams(**knobs), stop_and_abort_streams(**knobs))
+                     spec_decode_streams(**knobs), stop_and_abort_streams(**knobs),
+                     crowd_streams(**knobs), set_aside_streams(**knobs),
+                     priority_victim_streams(**knobs))

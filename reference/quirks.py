@@ -29,16 +29,18 @@ SKIPPED_WAITING_REQUESTS_REVERSED
     With chunked prefill off, waiting requests too long for the remaining budget
     are set aside and put back at the head afterwards; under fcfs, several set
     aside in one step come back in reverse order (each is prepended to the
-    set-aside queue).  Code: scheduler.Scheduler._schedule_waiting.
+    set-aside queue).  Code: scheduler.Scheduler.set_aside.
 
 REJECTED_DRAFTS_ALWAYS_SUBTRACTED
     Rejected drafts are subtracted from ``num_computed_tokens`` even for a
     request that was preempted in the same step (see the first quirk), whose
     count had restarted from 0 and holds only this step's grant.
-    Code: scheduler.Scheduler.update_from_output.
+    Code: scheduler.Scheduler._take_back_rejected.
 
 STALE_WORKER_ROWS
     The worker's block table rows are fixed-size and not cleared when a row is
     rewritten, so a slot looked up past a row's length reads an old page id.
-    Code: slot_mapping.WorkerBlockTable.
+    Code: slot_mapping.WorkerBlockTable.  No stream can show it in the harness
+    (one row per request, rewritten whole on admission; see the equivalent
+    mutant worker_rows_cleared); it is kept so the worker reads as vLLM's does.
 """

@@ -83,7 +83,10 @@ class PriorityQueue:
         return (e[-1] for e in sorted(self._heap))
 
 
-def make_queue(policy: str) -> FcfsQueue | PriorityQueue:
+RequestQueue = FcfsQueue | PriorityQueue
+
+
+def make_queue(policy: str) -> RequestQueue:
     if policy == "fcfs":
         return FcfsQueue()
     if policy == "priority":

@@ -27,7 +27,7 @@ from reference.config import Config
 from reference.kv_cache_manager import KVCacheManager
 from reference.output import CachedRequestData, NewRequestData, SchedulerOutput
 from reference.request import Request, RequestStatus, check_stop
-from reference.request_queue import make_queue
+from reference.request_queue import RequestQueue, make_queue
 
 
 @dataclass
@@ -223,13 +223,12 @@ class Scheduler:
                 break
             request = self.waiting.peek()
             hit, num_hit, num_computed = self._lookup_prefix(request)
-            num_new = self.waiting_tokens(request, num_computed)
-            if self.sets_aside(num_new, plan):
+            num_new = self.waiting_grant(request, num_computed, plan)
+            if num_new is None:
                 if self.config.has("chunked_off_stops_at_first_misfit"):
                     break  # 0.12.0 and later: the requests behind it wait too
-                set_aside.prepend(self.waiting.pop())
+                self.set_aside(set_aside, self.waiting.pop())
                 continue
-            num_new = min(num_new, plan.token_budget)
             assert num_new > 0
             if self.kv.allocate_slots(request, num_new, num_hit, hit,
                                       self.admission_lookahead(request)) is None:
@@ -254,6 +253,15 @@ class Scheduler:
             return hit, num_hit, num_hit
         return [], 0, request.num_computed_tokens
 
+    def waiting_grant(self, request: Request, num_computed: int, plan: StepPlan) -> int | None:
+        """Tokens a waiting request computes now, or None when it is set aside: the
+        long-prefill threshold first, then (chunked prefill off) the whole-prompt
+        test against the remaining budget, then the budget."""
+        num_new = self.waiting_tokens(request, num_computed)
+        if self.sets_aside(num_new, plan):
+            return None
+        return min(num_new, plan.token_budget)
+
     def waiting_tokens(self, request: Request, num_computed: int) -> int:
         """Every token not yet computed, outputs included (a resumed request recomputes
         them), cut by the long-prefill threshold; the budget is applied later."""
@@ -263,6 +271,12 @@ class Scheduler:
         """With chunked prefill off, a request that does not fit whole waits for a later
         step, and the requests behind it get their turn."""
         return not self.config.enable_chunked_prefill and num_new > plan.token_budget
+
+    def set_aside(self, set_aside: RequestQueue, request: Request) -> None:
+        """A request set aside goes to the head of the set-aside queue, so under fcfs
+        several set aside in one step come back reversed
+        (quirks.SKIPPED_WAITING_REQUESTS_REVERSED)."""
+        set_aside.prepend(request)
 
     def admission_lookahead(self, request: Request) -> int:
         """Eagle's lookahead slots are reserved for a resumed request, not a new one."""
@@ -318,7 +332,7 @@ class Scheduler:
             tokens = list(sampled.get(req_id, []))
             drafts = output.scheduled_spec_decode_tokens.get(req_id)
             if drafts:
-                request.num_computed_tokens -= self.num_rejected(drafts, tokens)
+                self._take_back_rejected(request, drafts, tokens)
             status_before = request.status
             if tokens and self._append_outputs(request, tokens):
                 self._free_request(request)
@@ -329,6 +343,11 @@ class Scheduler:
             self.running = [r for r in self.running if r not in gone]
         if stopped_waiting:
             self.waiting.remove_all(stopped_waiting)
+
+    def _take_back_rejected(self, request: Request, drafts: list[int], tokens: list[int]) -> None:
+        """Rejected drafts leave num_computed_tokens -- also for a request preempted in
+        this step, whose count restarted (quirks.REJECTED_DRAFTS_ALWAYS_SUBTRACTED)."""
+        request.num_computed_tokens -= self.num_rejected(drafts, tokens)
 
     def num_rejected(self, drafts: list[int], tokens: list[int]) -> int:
         """Drafts the model did not accept: it returns the accepted ones plus one of its own.

@@ -11,11 +11,9 @@ with the command that replays it.
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
-
 from harness.conformance import assert_conforms
 from harness.paths import STREAMS_DIR
-from harness.properties import PROPERTIES
+from harness.properties import PROPERTIES, given_property
 
 pytestmark = [pytest.mark.conformance, pytest.mark.needs_vllm]
 
@@ -27,10 +25,10 @@ def _engines(vllm_engine):
 
 
 def _property_test(prop):
-    @given(prop.strategy())
-    def test(data):
+    def check(data):
         assert_conforms(data, label=prop.test_name)
 
+    test = given_property(prop, check)
     test.__name__ = test.__qualname__ = prop.test_name
     test.__doc__ = f"Streams of strategies.{prop.strategy.__name__} conform."
     return test

@@ -175,12 +175,13 @@ def test_waiting_blocked_after_preemption(vllm_engine):
     t = trace_of(vllm_engine, "waiting_blocked_after_preemption")
     s5 = at(t, 5)
     assert s5["preempted"] == ["B"]
-    # C arrived at step 5 and would fit in the page left free, but a step that preempted
-    # admits no waiting request.
+    # C (priority 0) arrived at step 5, stands ahead of B (priority 1) in the waiting
+    # queue and would fit in the page left free, but a step that preempted admits no
+    # waiting request.
     assert sched(t)[5] == [("A", 1)]
     assert s5["status"]["C"] == "WAITING"
-    # Step 6: waiting queue is [B (prepended), C]; both admitted.
-    assert sched(t)[6] == [("B", 9), ("C", 2)]
+    # Step 6: the queue by (priority, arrival) is [C, B]; both admitted.
+    assert sched(t)[6] == [("C", 2), ("B", 9)]
 
 
 def test_max_num_seqs_limit(vllm_engine):

@@ -174,6 +174,10 @@ CASES = [
          first=r"VLLM: '0\.12' is not a release number like 0\.12\.0"),
     Case("mutants --budget -1", ["mutants", "--budget", "-1"],
          first=r"mutants: argument --budget: -1\.0 must be > 0"),
+    Case("reach --only an unknown property", ["reach", "--only", "bogus"],
+         first=r"--only: unknown property 'bogus' \(whole_space, "),
+    Case("reach --floor 0", ["reach", "--floor", "0"],
+         first=r"reach: argument --floor: 0 must be > 0"),
 ]
 
 

@@ -35,9 +35,9 @@ LAYERS: list[tuple[str, ...]] = [
     # property registry, the mutant catalogue
     ("conformance", "kv_sizing_check", "golden", "table", "bench", "properties", "mutants"),
     # campaigns and the mutant hunt
-    ("campaign", "mutants.hunt", "upgrade"),
+    ("campaign", "reach", "upgrade"),
     # the upgrade check from the base environment
-    ("upgrade_check",),
+    ("upgrade_check", "mutants.hunt"),
     # the main job
     ("conformance_job",),
     # the command line

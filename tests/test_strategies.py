@@ -16,6 +16,7 @@ Nothing here needs vLLM.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Callable
 
 import pytest
@@ -50,7 +51,7 @@ def check_stream_dict(data: dict[str, Any]) -> Stream:
     assert json.loads(json.dumps(data)) == data, "not plain JSON"
     stream = parse_stream(data)
     ids = [r["id"] for r in data["requests"]]
-    assert ids == [f"r{i}" for i in range(len(ids))]
+    assert len(set(ids)) == len(ids) and all(re.fullmatch(r"r\d{1,3}", i) for i in ids)
     arrivals = [r.arrival_step for r in stream.requests]
     assert arrivals == sorted(arrivals) and arrivals[-1] <= 10
     for r in stream.requests:
@@ -58,7 +59,7 @@ def check_stream_dict(data: dict[str, Any]) -> Stream:
         assert all(0 <= t < S.DEFAULT_VOCAB_SIZE for t in tokens)
         if r.eos_token_id is not None:
             assert r.eos_token_id < S.DEFAULT_VOCAB_SIZE
-    assert stream.config.max_steps == S.DEFAULT_MAX_STEPS
+    assert stream.config.max_steps in (S.DEFAULT_MAX_STEPS, 1000)
     assert stream.config.block_size in (2, 4, 8, 16)
     return stream
 
@@ -217,3 +218,31 @@ def test_prefix_streams_share_first_pages_often():
 
     collect()
     assert sum(shared) >= len(shared) // 3, f"{sum(shared)} of {len(shared)} share a first page"
+
+
+def test_request_ids_are_independent_of_arrival_order():
+    """Ids are not the arrival order in disguise: their string order, their numeric
+    order and the arrival order disagree in most streams of several requests."""
+    disagree: list[bool] = []
+
+    @settings(VALIDITY, max_examples=100)
+    @given(data=S.any_stream())
+    def collect(data):
+        ids = [r["id"] for r in data["requests"]]
+        if len(ids) >= 3:
+            numeric = sorted(ids, key=lambda i: int(i[1:]))
+            disagree.append(ids != sorted(ids) and ids != numeric)
+
+    collect()
+    assert sum(disagree) >= 3 * len(disagree) // 4, f"{sum(disagree)} of {len(disagree)}"
+
+
+@settings(VALIDITY, max_examples=20)
+@given(data=S.crowd_streams())
+def test_crowds_reach_64_requests(data):
+    check_stream_dict(data)
+
+
+def test_crowds_have_64_or_more_requests_sometimes():
+    found = find(S.crowd_streams(), lambda d: len(d["requests"]) >= 64, settings=QUALITY)
+    assert len({r.get("arrival_step", 0) for r in found["requests"]}) <= 3

@@ -1,8 +1,24 @@
-"""Hunting mutants: run the conformance properties against each until one fails.
+"""Hunting mutants: is each mutant killed by the ci profile and by the main job?
 
-``python -m harness mutants`` reports, for each mutant, whether it was killed,
-after how many generated streams, by which property, and the size of the
-shrunk counterexample.
+``python -m harness mutants`` (``make mutants``) gives two kill tables:
+
+* **ci profile** -- what ``pytest -k conformance`` runs under the ci profile:
+  the streams of every conformance property (exactly those the tests
+  generate, ``harness.properties.given_property``), the bundled streams, the
+  KV sizing check and the replay of every release's recorded traces;
+* **main job** -- what ``make conformance`` runs: the campaign's streams
+  (``harness.campaign.given_campaign``, seed 0), the bundled streams, the KV
+  sizing check and the same replay.
+
+For each generated stream vLLM runs once, unpatched; a reference mutant kills
+the stream when the reference under the mutant gives a different trace from
+vLLM's (a stream on which the unpatched reference already differs would be a
+conformance failure: it is reported and counted for no mutant).  A vLLM
+mutant runs patched vLLM against the unpatched reference, until its first
+kill.  The stream sets are split over worker processes, one vLLM each.
+
+:func:`hunt` is the older single-mutant search, with shrinking: the fast
+mutant tests and ``--reports`` use it.
 """
 
 from __future__ import annotations
@@ -10,6 +26,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from hypothesis import HealthCheck, Phase, given, settings
 
@@ -118,18 +135,168 @@ def _hunt_on_recorded(mutant: Mutant, release: str) -> Result:
     return Result(mutant, False, len(paths), None, None, "-", time.monotonic() - started)
 
 
-def table(results: list[Result]) -> str:
-    rows = [("mutant", "side", "killed", "examples", "shrunk reqs", "shrunk steps", "killed by",
-             "rule broken", "vLLM module")]
-    for r in results:
-        killed = "yes" if r.killed else "equivalent" if r.mutant.equivalent else "NO"
-        rows.append((r.mutant.name, r.mutant.side, killed, str(r.examples),
-                     str(r.shrunk_requests or "-"), str(r.shrunk_steps or "-"), r.by,
-                     r.mutant.rule, r.mutant.mirrors))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in rows]
-    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    return "\n".join(lines)
+def _kills_in_set(set_name: str, profile: str, names: list[str]) -> dict[str, Any]:
+    """One stream set's kills: for each mutant, the streams that kill it (indices, 1-based)."""
+    from harness import profiles
+    from harness.campaign import MAIN_JOB_EXAMPLES, MAIN_JOB_SEED, given_campaign
+    from harness.diff import first_divergence
+    from harness.mutants import catalogue
+    from harness.properties import by_name, given_property
+    profiles.load(profile)
+    chosen = [m for m in catalogue() if m.name in names]
+    vllm, ref = get_engine("vllm"), get_engine("reference")
+    streams: list[dict] = []
+
+    def collect(data: dict) -> None:
+        streams.append(data)
+
+    if set_name == MAIN_JOB:
+        given_campaign(collect, MAIN_JOB_EXAMPLES, MAIN_JOB_SEED)()
+    else:
+        given_property(by_name(set_name), collect)()
+    kills: dict[str, list[int]] = {m.name: [] for m in chosen}
+    diverged: list[int] = []
+    for i, data in enumerate(streams, 1):
+        stream = parse_stream(data)
+        theirs = run(vllm, stream).to_json()
+        mine = run(ref, stream).to_json()
+        if first_divergence(theirs, mine) is not None:
+            diverged.append(i)
+            continue
+        for m in chosen:
+            if m.side == "vllm":
+                if kills[m.name]:
+                    continue  # one kill is enough: each vLLM run costs more
+                with m.patch():
+                    patched = run(vllm, stream).to_json()
+                if first_divergence(patched, mine) is not None:
+                    kills[m.name].append(i)
+                continue
+            if m.applies is not None and not m.applies(stream.config):
+                continue
+            with m.patch():
+                mutated = run(ref, stream).to_json()
+            if first_divergence(theirs, mutated) is not None:
+                kills[m.name].append(i)
+    return {"set": set_name, "streams": len(streams), "kills": kills, "diverged": diverged}
+
+
+MAIN_JOB = "main job"
+
+
+@dataclass
+class KillRow:
+    mutant: Mutant
+    ci_streams: list[str]  # killing streams of the ci profile: "<property> #<index>"
+    ci_total: int
+    main_streams: list[str]  # killing streams of the main job's campaign: "#<index>"
+    main_total: int
+    bundled: str = ""  # the first bundled stream that kills it
+    other: str = ""  # the KV sizing check or a recorded trace that kills it
+
+    @property
+    def killed_ci(self) -> bool:
+        return bool(self.ci_streams or self.bundled or self.other)
+
+    @property
+    def killed_main(self) -> bool:
+        return bool(self.main_streams or self.bundled or self.other)
+
+
+def kill_rows(mutants: list[Mutant], profile: str = "ci", workers: int | None = None,
+              progress=None) -> tuple[list[KillRow], list[str]]:
+    """Every mutant against the ci profile's and the main job's checks; also the lines
+    of any stream on which the unpatched reference already diverges."""
+    import concurrent.futures
+    import multiprocessing
+    import os
+
+    from harness.properties import PROPERTIES
+    hunted = [m for m in mutants if not m.equivalent]
+    on_streams = [m.name for m in hunted
+                  if m.checked_by == "streams" and not m.side.startswith("release ")]
+    sets = [p.name for p in PROPERTIES] + [MAIN_JOB]
+    results: dict[str, dict] = {}
+    workers = max(1, min(workers or os.cpu_count() or 1, len(sets)))
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        futures = {pool.submit(_kills_in_set, name, profile, on_streams): name for name in sets}
+        for f in concurrent.futures.as_completed(futures):
+            results[futures[f]] = f.result()
+            if progress:
+                progress(f"{futures[f]}: {results[futures[f]]['streams']} streams checked")
+    problems = [f"{name}: stream {i} diverges without any mutant (a conformance failure)"
+                for name, r in results.items() for i in r["diverged"]]
+    ci_sets = [p.name for p in PROPERTIES]
+    ci_total = sum(results[n]["streams"] for n in ci_sets)
+    rows = []
+    for m in hunted:
+        ci = [f"{n} #{i}" for n in ci_sets for i in results[n]["kills"].get(m.name, [])]
+        main = [f"#{i}" for i in results[MAIN_JOB]["kills"].get(m.name, [])]
+        row = KillRow(m, ci, ci_total, main, results[MAIN_JOB]["streams"])
+        if m.checked_by == "streams" and not m.side.startswith("release "):
+            row.bundled = _first_bundled_kill(m)
+        elif m.checked_by == "kv sizing":
+            row.other = _kv_sizing_kill(m)
+        if m.side.startswith("release "):
+            row.other = _replay_kill(m, m.side.split()[1])
+        rows.append(row)
+    return rows, problems
+
+
+def _first_bundled_kill(m: Mutant) -> str:
+    from harness.conformance import compare
+    from harness.paths import STREAMS_DIR
+    from harness.stream import load_stream
+    vllm, ref = get_engine("vllm"), get_engine("reference")
+    for path in sorted(STREAMS_DIR.glob("*.json")):
+        with m.patch():
+            c = compare(load_stream(path), reference=ref, vllm=vllm)
+        if not c.equal:
+            return path.stem
+    return ""
+
+
+def _kv_sizing_kill(m: Mutant) -> str:
+    from harness.kv_sizing_check import differences
+    with m.patch():
+        found = differences()
+    return f"KV sizing: {found[0].line()}" if found else ""
+
+
+def _replay_kill(m: Mutant, release: str) -> str:
+    r = _hunt_on_recorded(m, release)
+    return r.by if r.killed else ""
+
+
+def _killed(streams: list[str], total: int, vllm_side: bool) -> str:
+    if not streams:
+        return "none"
+    if vllm_side:  # the hunt stops at the first kill of each stream set
+        return f"yes (first: {streams[0]})"
+    return f"{len(streams)}/{total} (first: {streams[0]})"
+
+
+def kill_table(rows: list[KillRow]) -> str:
+    head = ("mutant", "side", "ci profile: streams killing", "main job: streams killing",
+            "bundled / other check", "killed (ci, main job)")
+    lines = [head]
+    for r in rows:
+        m = r.mutant
+        other = r.bundled and f"bundled {r.bundled}" or r.other or "-"
+        if m.side.startswith("release "):
+            ci = main = "not run: vLLM 0.11.0 is installed"
+        elif m.checked_by == "kv sizing":
+            ci = main = "not a stream rule"
+        else:
+            ci = _killed(r.ci_streams, r.ci_total, m.side == "vllm")
+            main = _killed(r.main_streams, r.main_total, m.side == "vllm")
+        verdict = ", ".join("yes" if k else "NO" for k in (r.killed_ci, r.killed_main))
+        lines.append((m.name, m.side, ci, main, other, verdict))
+    widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
+    out = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in lines]
+    out.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(out)
 
 
 def main(budget: float | None = None, names: list[str] | None = None,
@@ -139,26 +306,21 @@ def main(budget: float | None = None, names: list[str] | None = None,
         known = {m.name for m in catalogue()}
         print(f"error: unknown mutant(s): {', '.join(sorted(set(names) - known))}", file=sys.stderr)
         return 2
-    results = []
+    get_engine("vllm")  # an undrivable vLLM stops here, in one line
+    rows, problems = kill_rows(mutants, progress=lambda line: print(line, file=sys.stderr))
+    print(kill_table(rows))
+    for line in problems:
+        print(line)
+    if show_reports:
+        for r in rows:
+            if r.mutant.checked_by == "streams" and not r.mutant.side.startswith("release "):
+                found = hunt(r.mutant, budget=budget)
+                if found.report:
+                    print(f"\n### {r.mutant.name} (shrunk, by {found.by})\n\n{found.report}")
+    survivors = [r.mutant.name for r in rows if not (r.killed_ci and r.killed_main)]
+    print(f"\n{len(rows) - len(survivors)}/{len(rows)} mutants killed under both the ci profile "
+          f"and the main job" + (f"; survivors: {', '.join(survivors)}" if survivors else ""))
     for m in mutants:
         if m.equivalent:
-            results.append(Result(m, False, 0, None, None, "equivalent", 0.0))
-            print(f"{m.name}: equivalent, not hunted ({m.equivalent})", file=sys.stderr)
-            continue
-        r = hunt(m, budget=budget)
-        results.append(r)
-        print(f"{m.name}: {'killed' if r.killed else 'SURVIVED'} after {r.examples} stream(s) "
-              f"({r.seconds:.1f} s)", file=sys.stderr)
-    print(table(results))
-    if show_reports:
-        for r in results:
-            if r.report:
-                print(f"\n### {r.mutant.name}\n\n{r.report}")
-    survivors = [r.mutant.name for r in results if not r.killed and not r.mutant.equivalent]
-    equivalents = [r.mutant for r in results if r.mutant.equivalent]
-    hunted = len(results) - len(equivalents)
-    print(f"\n{hunted - len(survivors)}/{hunted} mutants killed"
-          + (f"; survivors: {', '.join(survivors)}" if survivors else ""))
-    for m in equivalents:
-        print(f"equivalent (cannot be killed): {m.name}: {m.equivalent}")
-    return 1 if survivors else 0
+            print(f"equivalent (cannot be killed): {m.name}: {m.equivalent}")
+    return 1 if survivors or problems else 0

@@ -8,13 +8,17 @@ module it lives in.  The replacement is active only inside ``mutant.patch()``.
 
 from __future__ import annotations
 
-from harness.patches import (BLOCK_POOL, KV_CACHE_MANAGER, KV_CACHE_UTILS, REQUEST,
-                             REQUEST_QUEUE, SCHED_UTILS, SCHEDULER, SINGLE_TYPE,
+import dataclasses
+import heapq
+
+from harness.patches import (BLOCK_POOL, KV_CACHE_MANAGER, KV_CACHE_UTILS, MODEL_CONFIG,
+                             REQUEST, REQUEST_QUEUE, SCHED_UTILS, SCHEDULER, SINGLE_TYPE,
                              WORKER_BLOCK_TABLE, Mutant, replace)
 from reference import block_hash as rhash
 from reference import block_pool as rbp
 from reference import config as rconfig
 from reference import kv_cache_manager as rkv
+from reference import kv_sizing as rkvs
 from reference import request as rreq
 from reference import request_queue as rq
 from reference import scheduler as rsched
@@ -25,17 +29,73 @@ from reference.request import RequestStatus
 MUTANTS: list[Mutant] = []
 
 
-def mutant(name: str, rule: str, mirrors: str, replaces: tuple[object, str]):
-    """Register the decorated function as the replacement of ``replaces``."""
+def mutant(name: str, rule: str, mirrors: str, replaces: tuple[object, str], quirk: str = "",
+           checked_by: str = "streams", applies=None):
+    """Register the decorated function as the replacement of ``replaces``.
+
+    ``quirk`` names the ``reference.quirks`` entry the mutant takes away;
+    ``checked_by`` and ``applies`` are those of ``Mutant``."""
     def register(fn):
-        MUTANTS.append(Mutant(name, rule, mirrors, replace(*replaces, fn)))
+        MUTANTS.append(Mutant(name, rule, mirrors, replace(*replaces, fn), quirk=quirk,
+                              checked_by=checked_by, applies=applies))
         return fn
     return register
 
 
-def register(name: str, rule: str, mirrors: str, replaces: tuple[object, str], new) -> None:
+def register(name: str, rule: str, mirrors: str, replaces: tuple[object, str], new,
+             applies=None) -> None:
     """Register a replacement that is not a function (a property, a constant)."""
-    MUTANTS.append(Mutant(name, rule, mirrors, replace(*replaces, new)))
+    MUTANTS.append(Mutant(name, rule, mirrors, replace(*replaces, new), applies=applies))
+
+
+# Stream configs a rule can matter on (Mutant.applies); c is a harness.stream.Config.
+
+def drafts(c) -> bool:
+    return c.num_speculative_tokens > 0
+
+
+def eagle(c) -> bool:
+    return drafts(c) and c.speculative_method == "eagle"
+
+
+def caching(c) -> bool:
+    return c.enable_prefix_caching
+
+
+def priority(c) -> bool:
+    return c.policy == "priority"
+
+
+def fcfs(c) -> bool:
+    return c.policy == "fcfs"
+
+
+def chunked_off(c) -> bool:
+    return not c.enable_chunked_prefill
+
+
+def threshold(c) -> bool:
+    return c.long_prefill_token_threshold > 0
+
+
+def eagle_and_caching(c) -> bool:
+    return eagle(c) and caching(c)
+
+
+def drafts_and_caching(c) -> bool:
+    return drafts(c) and caching(c)
+
+
+def fcfs_chunked_off(c) -> bool:
+    return fcfs(c) and chunked_off(c)
+
+
+def chunked_off_threshold(c) -> bool:
+    return chunked_off(c) and threshold(c)
+
+
+def priority_drafts(c) -> bool:
+    return priority(c) and drafts(c)
 
 
 # -- the block pool and the KV cache manager --------------------------------------------
@@ -53,7 +113,7 @@ def _most_recently_freed(self):
 
 
 @mutant("hit_without_last_token_cap", "a prefix hit leaves at least the last token to compute",
-        KV_CACHE_MANAGER, replaces=(rkv.KVCacheManager, "max_hit_tokens"))
+        KV_CACHE_MANAGER, replaces=(rkv.KVCacheManager, "max_hit_tokens"), applies=caching)
 def _whole_request(self, request):
     return request.num_tokens
 
@@ -62,26 +122,26 @@ _longest_cache_hit = rkv.KVCacheManager.longest_cache_hit
 
 
 @mutant("hit_on_partial_block", "prefix hits cover whole pages within num_tokens - 1", SINGLE_TYPE,
-        replaces=(rkv.KVCacheManager, "longest_cache_hit"))
+        replaces=(rkv.KVCacheManager, "longest_cache_hit"), applies=caching)
 def _rounded_up_to_a_page(self, block_hashes, max_length):
     return _longest_cache_hit(self, block_hashes,
                               rkv.cdiv(max_length, self.block_size) * self.block_size)
 
 
 @mutant("eagle_keeps_last_hit", "eagle drops the last hit page", SINGLE_TYPE,
-        replaces=(rkv.KVCacheManager, "trim_hit_for_eagle"))
+        replaces=(rkv.KVCacheManager, "trim_hit_for_eagle"), applies=eagle_and_caching)
 def _keep_every_hit(self, hit):
     return None
 
 
 @mutant("prompt_logprobs_get_hits", "requests with prompt logprobs skip the prefix cache",
-        KV_CACHE_MANAGER, replaces=(rkv.KVCacheManager, "skips_prefix_cache"))
+        KV_CACHE_MANAGER, replaces=(rkv.KVCacheManager, "skips_prefix_cache"), applies=caching)
 def _only_without_caching(self, request):
     return not self.enable_caching
 
 
 @mutant("cache_salt_ignored", "cache_salt is an extra key of the first block", KV_CACHE_UTILS,
-        replaces=(rhash, "extra_keys"))
+        replaces=(rhash, "extra_keys"), applies=caching)
 def _no_extra_keys(cache_salt, block_start):
     return None
 
@@ -90,7 +150,7 @@ _extend_block_hashes = rhash.extend_block_hashes
 
 
 @mutant("cache_draft_tokens", "only real tokens are cached, never drafts", KV_CACHE_MANAGER,
-        replaces=(rkv.KVCacheManager, "cache_blocks"))
+        replaces=(rkv.KVCacheManager, "cache_blocks"), applies=drafts_and_caching)
 def _cache_with_drafts(self, request, num_tokens):
     # Treat drafts as final: hash and cache the pages they fill too.
     tokens = request.all_token_ids + request.spec_token_ids
@@ -103,13 +163,13 @@ def _cache_with_drafts(self, request, num_tokens):
 
 
 @mutant("free_hits_not_counted", "prefix hits on free pages count as pages to allocate",
-        SINGLE_TYPE, replaces=(rkv.KVCacheManager, "free_hit_pages"))
+        SINGLE_TYPE, replaces=(rkv.KVCacheManager, "free_hit_pages"), applies=caching)
 def _no_free_hits(self, hit):
     return 0
 
 
 @mutant("hash_kept_on_reuse", "a cached page handed out again loses its hash", BLOCK_POOL,
-        replaces=(rbp.BlockPool, "_evict_if_cached"))
+        replaces=(rbp.BlockPool, "_evict_if_cached"), applies=caching)
 def _keep_hash(self, block):
     return None
 
@@ -134,13 +194,13 @@ def _always_resettable(self):
 # -- the scheduler: running requests and preemption ---------------------------------------
 
 @mutant("fcfs_preempt_first_running", "fcfs preempts the last running request", SCHEDULER,
-        replaces=(rsched.Scheduler, "fcfs_victim"))
+        replaces=(rsched.Scheduler, "fcfs_victim"), applies=fcfs)
 def _first_running(self):
     return self.running[0]
 
 
 @mutant("priority_victim_by_arrival_only", "priority victim is the max (priority, arrival)",
-        SCHEDULER, replaces=(rsched.Scheduler, "priority_victim"))
+        SCHEDULER, replaces=(rsched.Scheduler, "priority_victim"), applies=priority)
 def _newest_running(self):
     return max(self.running, key=lambda r: r.arrival_time)
 
@@ -153,10 +213,47 @@ def _always_admits(self, plan):
 
 
 @mutant("priority_quirk_fixed", "0.11.0 keeps a preempted victim's grant (fixed by PR #26661)",
-        SCHEDULER, replaces=(rconfig.Config, "has"))
+        SCHEDULER, replaces=(rconfig.Config, "has"), quirk="PRIORITY_VICTIM_KEEPS_ITS_GRANT",
+        applies=priority)
 def _with_0_11_1_victim_rule(self, rule_change):
     """vLLM 0.11.1's priority_victim_loses_its_grant, applied to 0.11.0."""
     return rule_change == "priority_victim_loses_its_grant" or rule_change in self.rules
+
+
+# Tie-breaks: identity and order are different things.
+
+@mutant("fcfs_victim_newest_arrival", "fcfs preempts the request that joined the running list last",
+        SCHEDULER, replaces=(rsched.Scheduler, "fcfs_victim"), applies=fcfs)
+def _newest_arrival(self):
+    return max(self.running, key=lambda r: r.arrival_time)
+
+
+@mutant("fcfs_victim_by_id", "fcfs preempts by running order, never by request id", SCHEDULER,
+        replaces=(rsched.Scheduler, "fcfs_victim"), applies=fcfs)
+def _largest_id(self):
+    return max(self.running, key=lambda r: r.request_id)
+
+
+@mutant("priority_victim_by_id", "priority ties are broken by arrival_time, not by request id",
+        SCHEDULER, replaces=(rsched.Scheduler, "priority_victim"), applies=priority)
+def _priority_then_id(self):
+    return max(self.running, key=lambda r: (r.priority, r.request_id))
+
+
+@mutant("priority_queue_by_id", "the priority queue orders by (priority, arrival_time)",
+        REQUEST_QUEUE, replaces=(rq.PriorityQueue, "add"), applies=priority)
+def _queue_by_priority_then_id(self, request):
+    heapq.heappush(self._heap, (request.priority, request.request_id, id(request), request))
+
+
+_update_from_output = rsched.Scheduler.update_from_output
+
+
+@mutant("outputs_in_id_order", "outputs are taken in the step's scheduling order", SCHEDULER,
+        replaces=(rsched.Scheduler, "update_from_output"))
+def _outputs_sorted_by_id(self, output, sampled):
+    by_id = dict(sorted(output.num_scheduled_tokens.items()))
+    _update_from_output(self, dataclasses.replace(output, num_scheduled_tokens=by_id), sampled)
 
 
 @mutant("model_len_cap_off_by_one", "tokens are capped at max_model_len - 1 - computed",
@@ -179,7 +276,7 @@ def _preempt_keeping_progress(self, victim, plan):
 # -- the scheduler: waiting requests ------------------------------------------------------
 
 @mutant("threshold_ignored_when_waiting", "the long-prefill threshold caps waiting requests too",
-        SCHEDULER, replaces=(rsched.Scheduler, "waiting_tokens"))
+        SCHEDULER, replaces=(rsched.Scheduler, "waiting_tokens"), applies=threshold)
 def _uncapped_waiting(self, request, num_computed):
     return request.num_tokens - num_computed
 
@@ -191,10 +288,30 @@ def _one_seat_too_many(self):
 
 
 @mutant("skipped_waiting_to_tail", "with chunked prefill off, skipped requests go back to the head",
-        REQUEST_QUEUE, replaces=(rq.FcfsQueue, "prepend_all"))
+        REQUEST_QUEUE, replaces=(rq.FcfsQueue, "prepend_all"), applies=fcfs_chunked_off)
 def _to_the_tail(self, other):
     for request in other:
         self.add(request)
+
+
+@mutant("set_aside_order_kept", "requests set aside in one step come back reversed (fcfs)",
+        SCHEDULER, replaces=(rsched.Scheduler, "set_aside"),
+        quirk="SKIPPED_WAITING_REQUESTS_REVERSED", applies=fcfs_chunked_off)
+def _set_aside_in_order(self, set_aside, request):
+    set_aside.add(request)
+
+
+_waiting_tokens = rsched.Scheduler.waiting_tokens
+
+
+@mutant("set_aside_before_threshold",
+        "with chunked prefill off, the whole-prompt test sees the threshold-capped count",
+        SCHEDULER, replaces=(rsched.Scheduler, "waiting_grant"), applies=chunked_off_threshold)
+def _whole_prompt_test_first(self, request, num_computed, plan):
+    uncapped = request.num_tokens - num_computed
+    if self.sets_aside(uncapped, plan):
+        return None
+    return min(_waiting_tokens(self, request, num_computed), plan.token_budget)
 
 
 register("resumed_prompt_only", "a resumed request recomputes prompt and outputs", REQUEST,
@@ -206,22 +323,34 @@ register("resumed_prompt_only", "a resumed request recomputes prompt and outputs
 # -- speculative decoding -------------------------------------------------------------------
 
 register("eagle_no_lookahead", "eagle reserves num_speculative_tokens lookahead slots", SCHEDULER,
-         (rsched.Config, "num_lookahead_tokens"), property(lambda c: 0))
+         (rsched.Config, "num_lookahead_tokens"), property(lambda c: 0), applies=eagle)
 
 _num_scheduled_drafts = rsched.Scheduler.num_scheduled_drafts
 
 
 @mutant("drafts_not_trimmed", "scheduled drafts are trimmed to the granted tokens", SCHEDULER,
-        replaces=(rsched.Scheduler, "num_scheduled_drafts"))
+        replaces=(rsched.Scheduler, "num_scheduled_drafts"), applies=drafts)
 def _every_draft(self, request, num_new):
     return len(request.spec_token_ids) if _num_scheduled_drafts(self, request, num_new) > 0 else 0
 
 
 @mutant("rejected_drafts_not_subtracted",
         "rejected drafts are taken back from num_computed_tokens", SCHEDULER,
-        replaces=(rsched.Scheduler, "num_rejected"))
+        replaces=(rsched.Scheduler, "num_rejected"), applies=drafts)
 def _none_rejected(self, drafts, tokens):
     return 0
+
+
+_take_back_rejected = rsched.Scheduler._take_back_rejected
+
+
+@mutant("rejected_drafts_kept_by_victim",
+        "rejected drafts are subtracted even from a request preempted in the same step",
+        SCHEDULER, replaces=(rsched.Scheduler, "_take_back_rejected"),
+        quirk="REJECTED_DRAFTS_ALWAYS_SUBTRACTED", applies=priority_drafts)
+def _only_while_running(self, request, drafts, tokens):
+    if request.status == RequestStatus.RUNNING:
+        _take_back_rejected(self, request, drafts, tokens)
 
 
 # -- stops and the output -------------------------------------------------------------------
@@ -260,40 +389,52 @@ def _page_start(self, table, position):
 # sizing check, harness.kv_sizing_check.differences() (make conformance, and
 # tests/test_kv_sizing_conformance.py), over the bundled model configs.
 
-from reference import kv_sizing as rkvs
-
-MODEL_CONFIG = "vllm/config/model.py"
-
 
 @mutant("kv_heads_from_attention_heads",
         "KV heads are num_key_value_heads (one per attention head when absent)", MODEL_CONFIG,
-        replaces=(rkvs, "config_kv_heads"))
+        replaces=(rkvs, "config_kv_heads"), checked_by="kv sizing")
 def _attention_heads(cfg):
     return cfg["num_attention_heads"]
 
 
 @mutant("head_size_from_kv_heads",
         "head size is head_dim, else hidden_size / num_attention_heads", MODEL_CONFIG,
-        replaces=(rkvs, "config_head_size"))
+        replaces=(rkvs, "config_head_size"), checked_by="kv sizing")
 def _hidden_over_kv_heads(cfg):
     return cfg.get("head_dim") or cfg["hidden_size"] // rkvs.config_kv_heads(cfg)
 
 
 @mutant("head_dim_key_ignored", "a config's head_dim wins over hidden_size / num_attention_heads",
-        MODEL_CONFIG, replaces=(rkvs, "config_head_size"))
+        MODEL_CONFIG, replaces=(rkvs, "config_head_size"), checked_by="kv sizing")
 def _hidden_over_heads(cfg):
     return cfg["hidden_size"] // cfg["num_attention_heads"]
 
 
 @mutant("dtype_key_ignored", "the model dtype is the config's torch_dtype (newer configs: dtype)",
-        MODEL_CONFIG, replaces=(rkvs, "config_dtype"))
+        MODEL_CONFIG, replaces=(rkvs, "config_dtype"), checked_by="kv sizing")
 def _newer_key_only(cfg):
     return cfg.get("dtype") or "bfloat16"
+
+
+_add_row = rslots.WorkerBlockTable.add_row
+
+
+def _fresh_row(self, block_ids, row):
+    self.rows[row] = [0] * self.width
+    _add_row(self, block_ids, row)
 
 
 # -- equivalent: no stream can tell them from the original -----------------------------------
 
 MUTANTS += [
+    Mutant("worker_rows_cleared", "a rewritten worker row keeps its older entries",
+           WORKER_BLOCK_TABLE, replace(rslots.WorkerBlockTable, "add_row", _fresh_row),
+           quirk="STALE_WORKER_ROWS",
+           equivalent="the harness's worker keeps one row per request and rewrites it only "
+                      "when the request is new or resumed, with its whole table; every position "
+                      "looked up after that lies inside the pages the scheduler allocated, so an "
+                      "older entry past the new length is never read (no stream of 10,000 "
+                      "generated, priority victims included, shows it)"),
     Mutant("break_on_zero_tokens", "a running request with 0 tokens is skipped (continue)",
            SCHEDULER, None,
            equivalent="with synchronous scheduling a running request always has >= 1 token to "
@@ -326,8 +467,14 @@ def _without(name: str):
     return has
 
 
+_CHANGE_APPLIES = {
+    "priority_victim_loses_its_grant": priority,
+    "threshold_dropped_when_nothing_chunks": lambda c: chunked_off_threshold(c) and not caching(c),
+    "chunked_off_stops_at_first_misfit": chunked_off,
+}
+
 for _change in releases.CHANGES:
     MUTANTS.append(Mutant(
         f"{_change.name}_dropped", f"{_change.since}: {_change.name}",
         _CHANGE_MODULES[_change.name], replace(rconfig.Config, "has", _without(_change.name)),
-        side=f"release {_change.since}"))
+        side=f"release {_change.since}", applies=_CHANGE_APPLIES.get(_change.name)))

@@ -1,0 +1,246 @@
+"""The rule report: how often each named rule of the reference decided a stream.
+
+A rule is *reached* by a stream when breaking that one rule changes the
+stream's trace: the reference with the rule's mutant (``harness.mutants``)
+gives a different trace from the reference without it.  Such a stream is one
+that would catch a vLLM release, or a reference, that got the rule wrong; a
+rule no generated stream reaches is a blind spot of the campaign, whatever it
+prints.
+
+Rules are the reference's non-equivalent mutants, judged on vLLM 0.11.0's
+rules (each quirk of ``reference.quirks`` is one of them), and the rule
+changes of later releases (``reference.releases``), each judged on the first
+release that has it.  Only the reference runs: a stream costs one run per
+rule, about 3 ms each.
+
+``reach_of_profile("ci")`` generates, per property, exactly the streams the
+conformance tests generate under that profile (``harness.properties.given_property``)
+and counts; ``python -m harness reach`` prints the table, and the suite fails
+when a rule is reached fewer than :data:`FLOOR` times under the ci profile.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from hypothesis import event, settings
+
+from harness import profiles
+from harness.engines import get_engine
+from harness.mutants import REFERENCE_MUTANTS
+from harness.patches import Mutant
+from harness.properties import PROPERTIES, Property, by_name, given_property
+from harness.runner import run
+from harness.stream import Stream, parse_stream
+from reference.releases import RELEASES
+
+#: Streams of the ci profile that must reach each rule.
+FLOOR = 20
+
+#: The release whose rules the reference's modules state.
+BASE_RELEASE = RELEASES[0]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One named rule, known by the mutant that breaks it."""
+
+    mutant: Mutant
+    release: str  # the reference release it is judged on
+
+    @property
+    def name(self) -> str:
+        return self.mutant.name
+
+    @property
+    def states(self) -> str:
+        return self.mutant.rule
+
+
+def named_rules() -> list[Rule]:
+    """Every named rule: the reference's mutants that a stream can tell, and the
+    rule changes of later releases."""
+    rules = []
+    for m in REFERENCE_MUTANTS:
+        if m.equivalent or m.patch is None:
+            continue
+        release = m.side.split()[1] if m.side.startswith("release ") else BASE_RELEASE
+        rules.append(Rule(m, release))
+    return rules
+
+
+def _outcome(trace) -> tuple:
+    """What the conformance comparison (harness.diff) compares: the step records,
+    the verdict and the step an engine failed at."""
+    return trace.steps, trace.verdict, trace.failure and trace.failure["step"]
+
+
+def rules_reached(stream: Stream, rules: Iterable[Rule]) -> list[str]:
+    """The rules (judged by streams) whose mutant changes ``stream``'s trace in the reference."""
+    originals: dict[str, tuple] = {}
+    reached = []
+    for rule in rules:
+        if rule.mutant.checked_by != "streams":
+            continue
+        if rule.mutant.applies is not None and not rule.mutant.applies(stream.config):
+            continue  # it cannot change this stream (tests/test_reach.py checks the claim)
+        engine = get_engine("reference", release=rule.release)
+        if rule.release not in originals:
+            originals[rule.release] = _outcome(run(engine, stream))
+        with rule.mutant.patch():
+            mutated = _outcome(run(engine, stream))
+        if mutated != originals[rule.release]:
+            reached.append(rule.name)
+    return reached
+
+
+def kv_sizing_reach(rules: Iterable[Rule]) -> dict[str, int]:
+    """For each KV sizing rule: how many of the KV sizing check's numbers (the
+    reference's side, every bundled model) its mutant changes."""
+    from harness.kv_sizing_check import block_sizes_of, model_dirs, reference_values
+    sizes = block_sizes_of()
+
+    def values() -> list:
+        out = []
+        for model in model_dirs():
+            try:
+                out += sorted(reference_values(model, sizes).items())
+            except Exception as exc:  # noqa: BLE001 -- a broken rule may fail instead
+                out.append((model.name, f"error: {type(exc).__name__}"))
+        return out
+
+    original = values()
+    counts = {}
+    for rule in rules:
+        if rule.mutant.checked_by != "kv sizing":
+            continue
+        with rule.mutant.patch():
+            mutated = values()
+        counts[rule.name] = (sum(a != b for a, b in zip(original, mutated))
+                             + abs(len(original) - len(mutated)))
+    return counts
+
+
+@dataclass
+class Reach:
+    """Streams seen and, per rule, the streams that reached it."""
+
+    rules: list[str]  # the rules judged by streams
+    streams: int = 0
+    counts: Counter = field(default_factory=Counter)
+    by_property: dict[str, Counter] = field(default_factory=dict)
+    # KV sizing rules: how many numbers of the KV sizing check each one changes.
+    kv_sizing: dict[str, int] = field(default_factory=dict)
+
+    def add(self, reached: Iterable[str], prop: str = "") -> None:
+        self.streams += 1
+        reached = list(reached)
+        self.counts.update(reached)
+        if prop:
+            self.by_property.setdefault(prop, Counter()).update(reached)
+
+    def merge(self, other: "Reach") -> None:
+        self.streams += other.streams
+        self.counts.update(other.counts)
+        for prop, counts in other.by_property.items():
+            self.by_property.setdefault(prop, Counter()).update(counts)
+
+    def below(self, floor: int = FLOOR) -> list[tuple[str, int]]:
+        """The rules reached by fewer than ``floor`` streams (KV sizing rules: that
+        change no number), with their counts."""
+        return ([(r, self.counts[r]) for r in self.rules if self.counts[r] < floor]
+                + [(r, n) for r, n in self.kv_sizing.items() if n == 0])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"streams": self.streams, "rules": {r: self.counts[r] for r in self.rules},
+                "by_property": {p: {r: c[r] for r in self.rules if c[r]}
+                                for p, c in self.by_property.items()},
+                "kv_sizing_numbers_changed": dict(self.kv_sizing)}
+
+    def table(self, floor: int | None = FLOOR) -> str:
+        """One row per rule: streams that reached it, per property and in all."""
+        props = list(self.by_property)
+        by_name = {r.name: r for r in named_rules()}
+        head = ["rule", "judged on", *props, "all"] + (["floor"] if floor else [])
+        rows = [head]
+        for name in self.rules:
+            rule = by_name.get(name)
+            release = rule.release if rule else "?"
+            cells = [name, release, *(str(self.by_property[p][name]) for p in props),
+                     str(self.counts[name])]
+            if floor:
+                cells.append("ok" if self.counts[name] >= floor else f"BELOW {floor}")
+            rows.append(cells)
+        widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+        lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in rows]
+        lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+        if self.kv_sizing:
+            lines.append("\nKV sizing rules (no stream shows them; judged by the KV sizing "
+                         "check): numbers of the reference's side each one changes")
+            lines += [f"  {name}: {n}" + ("" if n else "  NOT REACHED")
+                      for name, n in self.kv_sizing.items()]
+        return "\n".join(lines)
+
+
+def reach_of_property(prop: Property, rules: list[Rule], examples: int | None = None) -> Reach:
+    """The reach of one property's streams under the loaded profile (as its test sees them)."""
+    result = Reach([r.name for r in rules if r.mutant.checked_by == "streams"])
+
+    def body(data):
+        reached = rules_reached(parse_stream(data), rules)
+        for name in reached:
+            event(f"reaches {name}")
+        result.add(reached, prop.name)
+
+    test = given_property(prop, body)
+    if examples is not None:
+        test = settings(max_examples=examples)(test)
+    test()
+    return result
+
+
+def _reach_in_worker(profile: str, prop_name: str, rule_names: list[str],
+                     examples: int | None) -> Reach:
+    profiles.load(profile)
+    rules = [r for r in named_rules() if r.name in rule_names]
+    return reach_of_property(by_name(prop_name), rules, examples)
+
+
+def reach_of_profile(profile: str = "ci", properties: Iterable[Property] | None = None,
+                     rule_names: Iterable[str] | None = None, examples: int | None = None,
+                     workers: int | None = None) -> Reach:
+    """Every property's streams under ``profile``, one worker process per property
+    (at most ``workers``, default the CPU count); counts add up the same in any order."""
+    props = list(PROPERTIES if properties is None else properties)
+    wanted = set(rule_names) if rule_names is not None else None
+    rules = [r for r in named_rules() if wanted is None or r.name in wanted]
+    names = [r.name for r in rules if r.mutant.checked_by == "streams"]
+    total = Reach(names, kv_sizing=kv_sizing_reach(rules))
+    for p in props:
+        total.by_property[p.name] = Counter()
+    workers = workers or os.cpu_count() or 1
+    if workers == 1 or len(props) == 1:
+        for p in props:
+            total.merge(_reach_in_worker(profile, p.name, names, examples))
+        return total
+    context = multiprocessing.get_context("spawn")  # no fork after torch may be loaded
+    workers = min(workers, len(props))
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        futures = [pool.submit(_reach_in_worker, profile, p.name, names, examples) for p in props]
+        for f in futures:
+            total.merge(f.result())
+    return total
+
+
+def floor_message(reach: Reach, floor: int = FLOOR, profile: str = "ci") -> str | None:
+    """One line per rule below the floor, or None when every rule is reached often enough."""
+    below = reach.below(floor)
+    if not below:
+        return None
+    return "\n".join(f"rule {name}: reached by {n} of {reach.streams} streams of the {profile} "
+                     f"profile (floor {floor})" for name, n in below)

@@ -1,0 +1,135 @@
+"""The rule report (harness.reach): no named rule is a blind spot of the ci profile.
+
+A rule is reached by a stream when its mutant changes the stream's trace in
+the reference.  The ci profile's streams (exactly those the conformance tests
+generate) must reach every rule at least ``FLOOR`` times; the report below
+fails naming each rule that falls short.  Nothing here needs vLLM.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from harness import strategies as S
+from harness.mutants import REFERENCE_MUTANTS
+from harness.paths import STREAMS_DIR
+from harness.properties import PROPERTIES
+from harness.reach import FLOOR, floor_message, named_rules, reach_of_profile, rules_reached
+from harness.runner import run
+from harness.engines import get_engine
+from harness.stream import load_stream, parse_stream
+from reference import quirks
+
+RULES = {r.name: r for r in named_rules()}
+
+# Bundled fixtures named after a rule, and the rule's mutant that must change their trace.
+FIXTURE_SHOWS = {
+    "block_table_free_queue_order": ["free_forward_order"],
+    "cached_page_loses_hash_on_reuse": ["hash_kept_on_reuse"],
+    "chunked_prefill_off_set_aside_reversed": ["set_aside_order_kept"],
+    "chunked_prefill_off_skip_keeps_head": ["skipped_waiting_to_tail"],
+    "evict_cached_lru_tail_first": ["evict_from_tail"],
+    "fcfs_preempt_last_running": ["fcfs_preempt_first_running"],
+    "finished_reported_next_step": ["finished_reported_again"],
+    "hit_on_free_page_counts": ["free_hits_not_counted"],
+    "long_prefill_threshold": ["threshold_ignored_when_waiting"],
+    "max_model_len_cap_minus_one": ["model_len_cap_off_by_one"],
+    "max_num_seqs_limit": ["max_num_seqs_off_by_one"],
+    "prefix_cache_salt": ["cache_salt_ignored"],
+    "prefix_hit_cap_num_tokens_minus_one": ["hit_without_last_token_cap"],
+    "priority_preempt_already_scheduled_quirk": ["priority_quirk_fixed",
+                                                 "priority_victim_loses_its_grant_dropped"],
+    "priority_preempt_max_priority": ["priority_victim_by_arrival_only"],
+    "priority_victim_rejected_drafts_quirk": ["rejected_drafts_kept_by_victim"],
+    "prompt_logprobs_no_hit": ["prompt_logprobs_get_hits"],
+    "reset_prefix_cache": ["reset_prefix_cache_always"],
+    "resumed_recomputes_outputs": ["resumed_prompt_only"],
+    "seed_fcfs_preempt_recompute": ["preempted_keep_progress"],
+    "spec_drafts_capped_by_max_tokens": ["running_tokens_capped_by_max_tokens_dropped"],
+    "spec_drafts_trimmed_to_budget": ["drafts_not_trimmed"],
+    "spec_eagle_lookahead_drop_last_hit": ["eagle_no_lookahead", "eagle_keeps_last_hit"],
+    "spec_ngram_partial_accept": ["rejected_drafts_not_subtracted"],
+    "stop_eos": ["eos_ignored"],
+    "stop_eos_on_last_allowed_token": ["stop_tokens_before_length_dropped"],
+    "threshold_without_chunking_or_caching": ["threshold_dropped_when_nothing_chunks_dropped"],
+    "waiting_blocked_after_preemption": ["waiting_admitted_after_preemption"],
+}
+
+
+@pytest.fixture(scope="module")
+def ci_reach():
+    """The ci profile's report (about 3 minutes on two cores)."""
+    report = reach_of_profile("ci")
+    print("\n" + report.table())
+    return report
+
+
+def test_conformance_ci_profile_reaches_every_rule(ci_reach):
+    """Every named rule: reached by at least FLOOR streams of the ci profile."""
+    per_property = settings.get_profile("ci").max_examples
+    assert ci_reach.streams == sum(per_property * p.scale for p in PROPERTIES)
+    message = floor_message(ci_reach)
+    assert message is None, "\n" + message
+
+
+def test_targeted_properties_reach_their_targets(ci_reach):
+    """A targeted strategy reaches each rule it was written for on its own."""
+    missed = [f"{p.name}: {t}" for p in PROPERTIES for t in p.targets
+              if ci_reach.by_property[p.name][t] == 0]
+    assert not missed
+
+
+def test_floor_names_the_rule_when_a_strategy_is_disabled():
+    """Without set_aside_streams, the set-aside rules fall below the floor, by name."""
+    rule = "skipped_waiting_to_tail"
+    others = [p for p in PROPERTIES if p.name != "set_aside"]
+    report = reach_of_profile("ci", properties=others, rule_names=[rule])
+    assert report.counts[rule] < FLOOR
+    message = floor_message(report)
+    assert message is not None and message.startswith(f"rule {rule}: reached by ")
+
+
+def test_every_quirk_has_a_mutant():
+    names = re.findall(r"^([A-Z][A-Z_]+)$", quirks.__doc__, re.MULTILINE)
+    assert names, "no quirk found in reference/quirks.py"
+    by_quirk = {m.quirk: m for m in REFERENCE_MUTANTS if m.quirk}
+    assert sorted(by_quirk) == sorted(names)
+
+
+def test_every_rule_is_judged_somewhere():
+    """A rule is judged by streams or by the KV sizing check, nothing else."""
+    assert {r.mutant.checked_by for r in RULES.values()} <= {"streams", "kv sizing"}
+    named = {name for names in FIXTURE_SHOWS.values() for name in names}
+    assert named <= set(RULES), sorted(named - set(RULES))
+
+
+@pytest.mark.parametrize("fixture", sorted(FIXTURE_SHOWS))
+def test_bundled_fixture_shows_its_rule(fixture):
+    """The fixture's trace changes under the mutant of the rule it is named after."""
+    stream = load_stream(STREAMS_DIR / f"{fixture}.json")
+    rules = [RULES[name] for name in FIXTURE_SHOWS[fixture]]
+    assert rules_reached(stream, rules) == FIXTURE_SHOWS[fixture]
+
+
+_CONDITIONED = [m for m in REFERENCE_MUTANTS if m.applies is not None and m.patch is not None]
+
+
+@settings(max_examples=150, deadline=None, database=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))
+@given(data=S.any_stream())
+def test_skipped_runs_could_not_have_changed_the_trace(data):
+    """Mutant.applies: where it says a mutant cannot matter, the mutant changes nothing."""
+    stream = parse_stream(data)
+    ref = get_engine("reference", release=None)
+    for m in _CONDITIONED:
+        if m.applies(stream.config):
+            continue
+        rule = RULES.get(m.name)
+        engine = get_engine("reference", release=rule.release) if rule else ref
+        original = run(engine, stream)
+        with m.patch():
+            mutated = run(engine, stream)
+        assert (mutated.steps, mutated.verdict) == (original.steps, original.verdict), m.name
