@@ -105,7 +105,7 @@ def vllm_values(model_dir: Path, block_sizes: Iterable[int]) -> dict[str, Any]:
         block_sizes)
 
 
-def _values(side: Callable, model_dir: Path, block_sizes: list[int]) -> dict[str, Any] | str:
+def side_values(side: Callable, model_dir: Path, block_sizes: list[int]) -> dict[str, Any] | str:
     """One side's numbers, or the one-line error that kept it from giving them."""
     try:
         return side(model_dir, block_sizes)
@@ -123,8 +123,8 @@ def checks(models: Iterable[Path] | None = None,
     sizes = block_sizes_of(block_sizes)
     out = []
     for model_dir in (model_dirs() if models is None else models):
-        ref = _values(reference_values, model_dir, sizes)
-        vllm = _values(vllm_values, model_dir, sizes)
+        ref = side_values(reference_values, model_dir, sizes)
+        vllm = side_values(vllm_values, model_dir, sizes)
         if isinstance(ref, str) or isinstance(vllm, str):
             out.append(Check(model_dir.name, "sizing",
                              ref if isinstance(ref, str) else "answered",

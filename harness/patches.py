@@ -47,6 +47,11 @@ class Mutant:
     # the run.  None: it may change any stream.  tests/test_reach.py checks the claim.
     applies: Callable[[Any], bool] | None = None
 
+    @property
+    def release(self) -> str | None:
+        """The later release whose rule change it takes out (side "release X"), else None."""
+        return self.side.split()[1] if self.side.startswith("release ") else None
+
 
 def replace(obj, attr: str, new) -> Patch:
     """Patch ``obj.attr`` with ``new`` while the mutant is active."""

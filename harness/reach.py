@@ -37,6 +37,7 @@ from harness.patches import Mutant
 from harness.properties import PROPERTIES, Property, by_name, given_property
 from harness.runner import run
 from harness.stream import Stream, parse_stream
+from harness.text import markdown_table
 from reference.releases import RELEASES
 
 #: Streams of the ci profile that must reach each rule.
@@ -69,8 +70,7 @@ def named_rules() -> list[Rule]:
     for m in REFERENCE_MUTANTS:
         if m.equivalent or m.patch is None:
             continue
-        release = m.side.split()[1] if m.side.startswith("release ") else BASE_RELEASE
-        rules.append(Rule(m, release))
+        rules.append(Rule(m, m.release or BASE_RELEASE))
     return rules
 
 
@@ -102,17 +102,16 @@ def rules_reached(stream: Stream, rules: Iterable[Rule]) -> list[str]:
 def kv_sizing_reach(rules: Iterable[Rule]) -> dict[str, int]:
     """For each KV sizing rule: how many of the KV sizing check's numbers (the
     reference's side, every bundled model) its mutant changes."""
-    from harness.kv_sizing_check import block_sizes_of, model_dirs, reference_values
+    from harness.kv_sizing_check import block_sizes_of, model_dirs, reference_values, side_values
     sizes = block_sizes_of()
 
     def values() -> list:
-        out = []
-        for model in model_dirs():
-            try:
-                out += sorted(reference_values(model, sizes).items())
-            except Exception as exc:  # noqa: BLE001 -- a broken rule may fail instead
-                out.append((model.name, f"error: {type(exc).__name__}"))
-        return out
+        return [side_values(reference_values, model, sizes) for model in model_dirs()]
+
+    def changed(a, b) -> int:  # a side's numbers, or the one-line error it failed with
+        if isinstance(a, dict) and isinstance(b, dict):
+            return sum(a[field] != b.get(field) for field in a)
+        return int(a != b)
 
     original = values()
     counts = {}
@@ -121,8 +120,7 @@ def kv_sizing_reach(rules: Iterable[Rule]) -> dict[str, int]:
             continue
         with rule.mutant.patch():
             mutated = values()
-        counts[rule.name] = (sum(a != b for a, b in zip(original, mutated))
-                             + abs(len(original) - len(mutated)))
+        counts[rule.name] = sum(changed(a, b) for a, b in zip(original, mutated))
     return counts
 
 
@@ -176,9 +174,7 @@ class Reach:
             if floor:
                 cells.append("ok" if self.counts[name] >= floor else f"BELOW {floor}")
             rows.append(cells)
-        widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-        lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in rows]
-        lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+        lines = [markdown_table(rows)]
         if self.kv_sizing:
             lines.append("\nKV sizing rules (no stream shows them; judged by the KV sizing "
                          "check): numbers of the reference's side each one changes")

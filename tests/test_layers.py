@@ -18,7 +18,7 @@ from harness.paths import ROOT
 LAYERS: list[tuple[str, ...]] = [
     # foundations: files and atomic writes, the mutant record, named divergences, counters,
     # hypothesis profiles
-    ("paths", "patches", "stats", "profiles"),
+    ("paths", "patches", "stats", "profiles", "text"),
     # side environments of other vLLM releases (no vLLM import)
     ("sideenv",),
     # the input format; the reference's mutants (they patch only the reference)

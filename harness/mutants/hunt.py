@@ -37,6 +37,7 @@ from harness.patches import Mutant
 from harness.properties import PROPERTIES
 from harness.runner import run
 from harness.stream import parse_stream
+from harness.text import markdown_table
 
 
 @dataclass
@@ -57,8 +58,8 @@ def hunt(mutant: Mutant, max_examples: int = 200, budget: float | None = None,
 
     Without ``shrink`` the first failing stream is reported as found (faster).
     """
-    if mutant.side.startswith("release "):
-        return _hunt_on_recorded(mutant, mutant.side.split()[1])
+    if mutant.release:
+        return _hunt_on_recorded(mutant, mutant.release)
     vllm, ref = get_engine("vllm"), get_engine("reference")
     started = time.monotonic()
     seen = 0
@@ -140,7 +141,6 @@ def _kills_in_set(set_name: str, profile: str, names: list[str]) -> dict[str, An
     from harness import profiles
     from harness.campaign import MAIN_JOB_EXAMPLES, MAIN_JOB_SEED, given_campaign
     from harness.diff import first_divergence
-    from harness.mutants import catalogue
     from harness.properties import by_name, given_property
     profiles.load(profile)
     chosen = [m for m in catalogue() if m.name in names]
@@ -211,10 +211,8 @@ def kill_rows(mutants: list[Mutant], profile: str = "ci", workers: int | None = 
     import multiprocessing
     import os
 
-    from harness.properties import PROPERTIES
     hunted = [m for m in mutants if not m.equivalent]
-    on_streams = [m.name for m in hunted
-                  if m.checked_by == "streams" and not m.side.startswith("release ")]
+    on_streams = [m.name for m in hunted if m.checked_by == "streams" and not m.release]
     sets = [p.name for p in PROPERTIES] + [MAIN_JOB]
     results: dict[str, dict] = {}
     workers = max(1, min(workers or os.cpu_count() or 1, len(sets)))
@@ -234,27 +232,19 @@ def kill_rows(mutants: list[Mutant], profile: str = "ci", workers: int | None = 
         ci = [f"{n} #{i}" for n in ci_sets for i in results[n]["kills"].get(m.name, [])]
         main = [f"#{i}" for i in results[MAIN_JOB]["kills"].get(m.name, [])]
         row = KillRow(m, ci, ci_total, main, results[MAIN_JOB]["streams"])
-        if m.checked_by == "streams" and not m.side.startswith("release "):
-            row.bundled = _first_bundled_kill(m)
+        if m.release:
+            row.other = _replay_kill(m, m.release)
         elif m.checked_by == "kv sizing":
             row.other = _kv_sizing_kill(m)
-        if m.side.startswith("release "):
-            row.other = _replay_kill(m, m.side.split()[1])
+        else:
+            row.bundled = _first_bundled_kill(m)
         rows.append(row)
     return rows, problems
 
 
 def _first_bundled_kill(m: Mutant) -> str:
-    from harness.conformance import compare
-    from harness.paths import STREAMS_DIR
-    from harness.stream import load_stream
-    vllm, ref = get_engine("vllm"), get_engine("reference")
-    for path in sorted(STREAMS_DIR.glob("*.json")):
-        with m.patch():
-            c = compare(load_stream(path), reference=ref, vllm=vllm)
-        if not c.equal:
-            return path.stem
-    return ""
+    r = _hunt_on_bundled(m, get_engine("vllm"), get_engine("reference"), 0, time.monotonic())
+    return r.by.removeprefix("bundled ") if r.killed else ""
 
 
 def _kv_sizing_kill(m: Mutant) -> str:
@@ -284,7 +274,7 @@ def kill_table(rows: list[KillRow]) -> str:
     for r in rows:
         m = r.mutant
         other = r.bundled and f"bundled {r.bundled}" or r.other or "-"
-        if m.side.startswith("release "):
+        if m.release:
             ci = main = "not run: vLLM 0.11.0 is installed"
         elif m.checked_by == "kv sizing":
             ci = main = "not a stream rule"
@@ -293,10 +283,7 @@ def kill_table(rows: list[KillRow]) -> str:
             main = _killed(r.main_streams, r.main_total, m.side == "vllm")
         verdict = ", ".join("yes" if k else "NO" for k in (r.killed_ci, r.killed_main))
         lines.append((m.name, m.side, ci, main, other, verdict))
-    widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
-    out = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in lines]
-    out.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    return "\n".join(out)
+    return markdown_table(lines)
 
 
 def main(budget: float | None = None, names: list[str] | None = None,
@@ -313,7 +300,7 @@ def main(budget: float | None = None, names: list[str] | None = None,
         print(line)
     if show_reports:
         for r in rows:
-            if r.mutant.checked_by == "streams" and not r.mutant.side.startswith("release "):
+            if r.mutant.checked_by == "streams" and not r.mutant.release:
                 found = hunt(r.mutant, budget=budget)
                 if found.report:
                     print(f"\n### {r.mutant.name} (shrunk, by {found.by})\n\n{found.report}")
