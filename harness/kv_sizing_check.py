@@ -8,6 +8,17 @@ vLLM's start-up makes of a few memory budgets.  vLLM's side comes from its own
 objects (``ModelConfig``, ``FullAttentionSpec``, ``get_kv_cache_configs``)
 through :mod:`harness.engines`; the reference's from ``reference.kv_sizing``.
 
+Hybrid models (a layer that is not plain full attention: Gemma 3, Llama 4,
+Granite 4.0-H) are checked instead on their start-up sizing as on a CUDA GPU
+(``reference.kv_sizing_hybrid`` against ``VllmKVSizing.hybrid_sizing``): for
+each setting of the hybrid KV cache manager (:data:`SETTINGS`), block size,
+``max_model_len`` and ``max_num_batched_tokens``: whether the manager stays on,
+the attention block size after the Mamba adjustment, the padded Mamba page,
+the layers' specs, one request's need, and per budget the estimated longest
+length, the start-up error or the groups (kind, block size, window, chunk,
+speculative pages, layer names, in vLLM's order), their page sizes, the
+blocks, the tensors (size, shared by) and the maximum concurrency.
+
 ``make conformance`` prints :func:`report`; ``tests/test_kv_sizing_conformance.py``
 asserts :func:`differences` is empty for each model.  A reference mutant of the
 KV sizing is killed when :func:`differences` is not empty under its patch.
@@ -23,12 +34,25 @@ from typing import Any
 from harness.engines import EngineUnavailable, vllm_kv_sizes, vllm_sizing
 from harness.paths import MODELS_DIR, STREAMS_DIR
 from harness.stream import load_stream
-from reference.kv_sizing import ModelShape, kv_cache_layout, min_bytes_for_max_model_len
+from reference.kv_sizing import (ModelShape, NotEnoughKVCacheMemory, kv_cache_layout,
+                                 min_bytes_for_max_model_len)
+from reference.kv_sizing_hybrid import (CannotUnifyKVCacheSpecs, HybridModel,
+                                        estimate_max_model_len, hybrid_layout, hybrid_manager_on,
+                                        is_hybrid_config, request_need)
 
 DEFAULT_BLOCK_SIZE = 16
 MAX_MODEL_LENS = (1, 100, 2048)  # within every bundled model's max_position_embeddings
 BUDGET_MAX_MODEL_LEN = 2048
 BUDGETS = (1 << 30, 3 * (1 << 30) + 12345)  # bytes: 1 GiB, and 3 GiB plus a ragged tail
+
+# Hybrid models: (name, --disable-hybrid-kv-cache-manager,
+# VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1), every one 0.11.0 accepts on a GPU.
+SETTINGS = (("default", False, False), ("hybrid manager disabled", True, False),
+            ("chunked local allowed", False, True))
+HYBRID_EXTRA_BLOCK_SIZES = (64, 512)  # 512: above Granite 4.0-H's raised attention block (400)
+HYBRID_MAX_MODEL_LENS = (100, 2048, 16384)
+HYBRID_BATCHED_TOKENS = (2048, 8192)
+HYBRID_BUDGETS = (64 << 20, 1 << 30, 3 * (1 << 30) + 12345)  # 64 MiB: too small at 16384
 
 
 @dataclass(frozen=True)
@@ -80,7 +104,82 @@ def _fields(shape: tuple, per_token: int, page: Callable[[int], tuple[int, int]]
     return values
 
 
+def _hybrid_scenarios(block_sizes: Iterable[int]):
+    sizes = sorted(set(block_sizes) | set(HYBRID_EXTRA_BLOCK_SIZES))
+    for name, disable, allow in SETTINGS:
+        for bs in sizes:
+            for mml in HYBRID_MAX_MODEL_LENS:
+                for batched in HYBRID_BATCHED_TOKENS:
+                    yield (f"{name}, block {bs}, max_model_len {mml}, batched {batched}",
+                           disable, allow, bs, mml, batched)
+
+
+def _hybrid_fields(shape: tuple, scenario: Callable[..., dict], block_sizes: Iterable[int]
+                   ) -> dict[str, Any]:
+    """The hybrid checks, flattened: ``scenario(disable, allow, bs, mml, batched)`` answers
+    the per-scenario values with a "budgets" dict of per-budget values."""
+    layers, heads, head_size, dtype = shape
+    values: dict[str, Any] = {"layers": layers, "KV heads": heads, "head size": head_size,
+                              "dtype": dtype}
+    for label, *args in _hybrid_scenarios(block_sizes):
+        one = scenario(*args)
+        for field, value in one.items():
+            if field != "budgets":
+                values[f"{label}: {field}"] = value
+        for budget, row in one["budgets"].items():
+            for field, value in row.items():
+                values[f"{label}, budget {_gib(budget)}: {field}"] = value
+    return values
+
+
+def reference_hybrid_scenario(model: HybridModel, disable: bool, allow: bool, bs: int, mml: int,
+                              batched: int) -> dict[str, Any]:
+    """The reference's answers for one scenario, shaped as ``VllmKVSizing.hybrid_sizing``'s."""
+    specs = model.layer_specs(bs, mml)
+    on = hybrid_manager_on(model.cfg, disable, allow)
+    mamba = [s for s in specs.values() if s.kind == "mamba"]
+    counts: dict = {}
+    for s in specs.values():
+        key = (s.kind, s.block_size, s.sliding_window, s.attention_chunk_size, s.page_size_bytes)
+        counts[key] = counts.get(key, 0) + 1
+    out: dict[str, Any] = {
+        "hybrid manager": on,
+        "attention block size": model.attention_block_size(bs),
+        "mamba page padded to": mamba[0].padded_page if mamba else None,
+        "prefix caching turned off": bool(mamba),
+        "layer specs": sorted(counts.items(), key=repr),
+        "need": request_need(specs, mml, batched),
+        "budgets": {},
+    }
+    for budget in HYBRID_BUDGETS:
+        row: dict[str, Any] = {"estimate": estimate_max_model_len(specs, mml, batched, budget)}
+        try:
+            lay = hybrid_layout(specs, budget, mml, batched, hybrid_manager=on)
+        except NotEnoughKVCacheMemory:
+            row["error"] = "not enough memory"
+        except CannotUnifyKVCacheSpecs:
+            row["error"] = "cannot unify"
+        else:
+            row.update({
+                "num blocks": lay.num_blocks,
+                "group page sizes": [g.page_size_bytes for g in lay.groups],
+                "groups": [(g.spec.kind, g.spec.block_size, g.spec.sliding_window,
+                            g.spec.attention_chunk_size, g.spec.num_speculative_blocks,
+                            g.layer_names) for g in lay.groups],
+                "tensors": [(t.size, t.shared_by) for t in lay.tensors],
+                "max concurrency": lay.max_concurrency if lay.num_blocks else None,
+            })
+        out["budgets"][budget] = row
+    return out
+
+
 def reference_values(model_dir: Path, block_sizes: Iterable[int]) -> dict[str, Any]:
+    cfg = HybridModel.load(model_dir)
+    if is_hybrid_config(cfg.cfg):
+        s = cfg.shape
+        return _hybrid_fields(
+            (s.num_layers, s.num_kv_heads, s.head_size, s.dtype),
+            lambda *args: reference_hybrid_scenario(cfg, *args), block_sizes)
     s = ModelShape.load(model_dir)
     return _fields(
         (s.num_layers, s.num_kv_heads, s.head_size, s.dtype), s.bytes_per_token,
@@ -94,6 +193,10 @@ def reference_values(model_dir: Path, block_sizes: Iterable[int]) -> dict[str, A
 def vllm_values(model_dir: Path, block_sizes: Iterable[int]) -> dict[str, Any]:
     vl = vllm_sizing(model_dir)
     shape = layers, heads, head, dtype = vl.model_shape("auto", BUDGET_MAX_MODEL_LEN)
+    if vl.is_hybrid():
+        return _hybrid_fields(
+            shape, lambda disable, allow, bs, mml, batched: vl.hybrid_sizing(
+                bs, mml, batched, list(HYBRID_BUDGETS), disable, allow), block_sizes)
     per_token, _ = vllm_kv_sizes(model_dir, DEFAULT_BLOCK_SIZE, BUDGET_MAX_MODEL_LEN)
     return _fields(
         shape, per_token,
@@ -149,11 +252,23 @@ def report(block_sizes: Iterable[int] | None = None) -> tuple[str, int, int]:
     scope = (f"{len(models)} models ({', '.join(m.name for m in models)}); block sizes "
              f"{', '.join(map(str, sizes))}; max_model_len {', '.join(map(str, MAX_MODEL_LENS))}; "
              f"budgets {', '.join(map(_gib, BUDGETS))}")
-    lines = [scope, f"{equal}/{len(results)} KV sizing checks equal"]
+    lines = [scope]
+    hybrid = [m.name for m in models if is_hybrid_config(HybridModel.load(m).cfg)]
+    if hybrid:
+        lines.append(
+            f"hybrid models ({', '.join(hybrid)}), sized as on a CUDA GPU: "
+            f"{', '.join(name for name, _, _ in SETTINGS)}; block sizes "
+            f"{', '.join(map(str, sorted(set(sizes) | set(HYBRID_EXTRA_BLOCK_SIZES))))}; "
+            f"max_model_len {', '.join(map(str, HYBRID_MAX_MODEL_LENS))}; max_num_batched_tokens "
+            f"{', '.join(map(str, HYBRID_BATCHED_TOKENS))}; budgets "
+            f"{', '.join(map(_gib, HYBRID_BUDGETS))}")
+    lines.append(f"{equal}/{len(results)} KV sizing checks equal")
     lines += [f"  differs: {c.line()}" for c in results if not c.equal]
     return "\n".join(lines), equal, len(results)
 
 
 def _gib(n_bytes: int) -> str:
     whole, rest = divmod(n_bytes, 1 << 30)
+    if not whole and rest % (1 << 20) == 0:
+        return f"{rest >> 20} MiB"
     return f"{whole} GiB" + (f" + {rest:,} B" if rest else "")

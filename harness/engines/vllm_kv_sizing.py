@@ -10,17 +10,54 @@ model dtype matter to the sizing code), and then ``get_kv_cache_configs``,
 ``estimate_max_model_len`` are called as vLLM's engine calls them at start-up.
 Nothing here returns a vLLM or torch object: every answer is an int, a string,
 a tuple or a dict of those.
+
+Hybrid models (:meth:`VllmKVSizing.hybrid_sizing`: Gemma 3, Llama 4, Granite
+4.0-H) are sized as on a CUDA GPU.  What is vLLM's own code: ``ModelConfig``
+reading the bundled config (transformers' ``layer_types`` and
+``no_rope_layers``); ``VllmConfig.__post_init__`` (whether the hybrid KV cache
+manager stays on, ``HybridAttentionMambaModelConfig`` raising the attention
+block size and padding the Mamba page, ``MambaModelConfig`` turning prefix
+caching off); the model class's ``get_mamba_state_shape_from_config`` and
+``get_mamba_state_dtype_from_config``; the spec classes (``FullAttentionSpec``,
+``SlidingWindowSpec``, ``ChunkedLocalAttentionSpec``, ``MambaSpec``) with their
+page sizes and needs; ``get_kv_cache_configs``, ``max_memory_usage_bytes``,
+``estimate_max_model_len``, ``get_max_concurrency_for_kv_cache_config`` and
+``generate_scheduler_kv_cache_config``.  Stand-ins, since the model itself is
+not built (no weights, no GPU):
+
+* the platform: ``current_platform.support_hybrid_kv_cache`` answers True, as
+  CUDA's does (the CPU's answer would always turn the hybrid manager off);
+* the per-layer specs that ``GPUModelRunner.get_kv_cache_spec`` reads from the
+  built layers are built here from the config, by the same rules the model
+  code applies (:func:`_layer_plan`): which layer is a sliding-window
+  ``Attention`` (gemma3.py: ``layer_types[i] == "sliding_attention"``), a
+  ``ChunkedLocalAttention`` (llama4.py: the layer uses RoPE and
+  ``attention_chunk_size`` is set) or a ``MambaMixer2`` (granitemoehybrid.py:
+  ``layer_types[i] == "mamba"``), the model-wide window ``CacheConfig`` gets
+  (arg_utils.py: ``get_sliding_window()`` unless ``is_interleaved``), the layer
+  names (``[language_model.]model.layers.<i>.self_attn.attn`` and
+  ``model.layers.<i>.mixer``), ``mamba_type`` "mamba2" and
+  ``num_speculative_blocks`` 0 (vLLM refuses drafts with Mamba layers here);
+* one GPU: no tensor or pipeline parallelism.
 """
 
 from __future__ import annotations
 
+import copy
+import os
 import types
+from contextlib import contextmanager
 from pathlib import Path
+from unittest import mock
 from typing import Any
 
 from harness.engines import vllm_env  # before vLLM is imported
 import torch  # noqa: E402
-from vllm.config import CacheConfig, DeviceConfig, ModelConfig, VllmConfig  # noqa: E402
+from vllm.config import (CacheConfig, DeviceConfig, ModelConfig, ParallelConfig,  # noqa: E402
+                         SchedulerConfig, VllmConfig)
+from vllm.model_executor.models import ModelRegistry  # noqa: E402
+from vllm.platforms import current_platform  # noqa: E402
+from vllm.transformers_utils.config import is_interleaved  # noqa: E402
 try:
     from vllm.utils import get_dtype_size, get_kv_cache_torch_dtype  # noqa: E402
 except ImportError:  # 0.11.1 and later
@@ -84,8 +121,7 @@ class VllmKVSizing:
     def model_shape(self, model_dtype: str, max_model_len: int) -> tuple[int, int, int, str]:
         """(layers, KV heads, head size, dtype name) as vLLM reads the bundled config
         (``model_dtype`` "auto": the dtype vLLM picks from the config)."""
-        vc = self._vllm_config(model_dtype, "auto", 16, max_model_len)
-        mc, pc = vc.model_config, vc.parallel_config
+        mc, pc = self._model_config(model_dtype, max_model_len), ParallelConfig()
         return (mc.get_num_layers(pc), mc.get_num_kv_heads(pc), mc.get_head_size(),
                 str(mc.dtype).removeprefix("torch."))
 
@@ -201,3 +237,173 @@ class VllmKVSizing:
         """Free pages of a fresh vLLM BlockPool of ``num_blocks`` pages."""
         return BlockPool(num_blocks, enable_caching=True,
                          **compat.block_pool_kwargs(16)).get_num_free_blocks()
+
+    # -- hybrid models (see the module docstring for what is vLLM's code here) ----------------
+
+    def _hybrid_vllm_config(self, block_size: int, max_model_len: int, max_num_batched_tokens: int,
+                            disable_hybrid: bool, allow_chunked_local: bool,
+                            cache_dtype: str = "auto") -> VllmConfig:
+        mc = copy.deepcopy(self._model_config("auto", max_model_len))
+        mc.config_updated = False  # a fresh engine start: the model's config hooks run again
+        sc = SchedulerConfig(max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
+                             enable_chunked_prefill=True, is_encoder_decoder=False,
+                             disable_hybrid_kv_cache_manager=disable_hybrid)
+        # CacheConfig.sliding_window as the engine arguments set it (arg_utils.py)
+        window = None if is_interleaved(mc.hf_text_config) else mc.get_sliding_window()
+        cc = CacheConfig(block_size=block_size, cache_dtype=cache_dtype, sliding_window=window)
+        with _as_on_cuda(allow_chunked_local):
+            vc = VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc,
+                            device_config=DeviceConfig("cpu"))
+        if vc.model_config.max_model_len != max_model_len:
+            raise RuntimeError("vLLM changed the max_model_len it was given")
+        return vc
+
+
+    def _hybrid_specs(self, vc: VllmConfig) -> dict[str, Any]:
+        """Each layer's KVCacheSpec as GPUModelRunner.get_kv_cache_spec makes it."""
+        mc, cc = vc.model_config, vc.cache_config
+        kv_dtype = self._kv_dtype(str(mc.dtype).removeprefix("torch."), cc.cache_dtype)
+        heads, head_size = mc.get_num_kv_heads(vc.parallel_config), mc.get_head_size()
+        attention, mamba = {}, {}
+        for name, cls, window in _layer_plan(mc, cc.sliding_window):
+            if cls == "MambaMixer2":
+                model_cls, _ = ModelRegistry.resolve_model_cls(mc.architecture, model_config=mc)
+                mamba[name] = kvi.MambaSpec(
+                    shapes=model_cls.get_mamba_state_shape_from_config(vc),
+                    dtypes=model_cls.get_mamba_state_dtype_from_config(vc),
+                    block_size=mc.max_model_len, page_size_padded=cc.mamba_page_size_padded,
+                    mamba_type="mamba2", num_speculative_blocks=0)
+            elif window is not None:
+                attention[name] = kvi.SlidingWindowSpec(
+                    block_size=cc.block_size, num_kv_heads=heads, head_size=head_size,
+                    dtype=kv_dtype, sliding_window=window)
+            elif mc.attention_chunk_size is not None and cls == "ChunkedLocalAttention":
+                attention[name] = kvi.ChunkedLocalAttentionSpec(
+                    block_size=cc.block_size, num_kv_heads=heads, head_size=head_size,
+                    dtype=kv_dtype, attention_chunk_size=mc.attention_chunk_size)
+            else:
+                attention[name] = kvi.FullAttentionSpec(
+                    block_size=cc.block_size, num_kv_heads=heads, head_size=head_size, dtype=kv_dtype)
+        return {**attention, **mamba}
+
+
+    def is_hybrid(self) -> bool:
+        """Whether any layer's spec is not plain full attention (the default CUDA settings)."""
+        vc = self._hybrid_vllm_config(16, BUDGET_MAX_MODEL_LEN_PROBE, 2048, False, False)
+        return any(type(s) is not kvi.FullAttentionSpec for s in self._hybrid_specs(vc).values())
+
+    def hybrid_sizing(self, block_size: int, max_model_len: int, max_num_batched_tokens: int,
+                      budgets: list[int], disable_hybrid: bool = False,
+                      allow_chunked_local: bool = False) -> dict[str, Any]:
+        """vLLM's start-up sizing of a (hybrid) model on one CUDA GPU, in plain values.
+
+        ``disable_hybrid``: --disable-hybrid-kv-cache-manager; ``allow_chunked_local``:
+        VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1.  Per budget: the KV cache
+        config (or the start-up error) and the estimated longest length.
+        """
+        vc = self._hybrid_vllm_config(block_size, max_model_len, max_num_batched_tokens,
+                                      disable_hybrid, allow_chunked_local)
+        specs = self._hybrid_specs(vc)
+        out: dict[str, Any] = {
+            "hybrid manager": not vc.scheduler_config.disable_hybrid_kv_cache_manager,
+            "attention block size": vc.cache_config.block_size,
+            "mamba page padded to": vc.cache_config.mamba_page_size_padded,
+            "prefix caching turned off": vc.cache_config.enable_prefix_caching is False,
+            "layer specs": sorted(((_spec_row(s)[:4] + (s.page_size_bytes,), n)
+                               for s, n in _count(specs).items()), key=repr),
+            "need": ku.max_memory_usage_bytes(vc, specs.values()),
+            "budgets": {},
+        }
+        for budget in budgets:
+            row: dict[str, Any] = {}
+            try:
+                row["estimate"] = ku.estimate_max_model_len(vc, dict(specs), budget)
+            finally:
+                vc.model_config.max_model_len = max_model_len
+            try:
+                (cfg,) = ku.get_kv_cache_configs(vc, [dict(specs)], [budget])
+            except ValueError as exc:
+                row["error"] = ("cannot unify" if "failed to convert" in str(exc)
+                                else "not enough memory")
+                out["budgets"][budget] = row
+                continue
+            finally:
+                vc.model_config.max_model_len = max_model_len
+            sched = ku.generate_scheduler_kv_cache_config([cfg])
+            row.update({
+                "num blocks": cfg.num_blocks,
+                "group page sizes": [g.kv_cache_spec.page_size_bytes for g in cfg.kv_cache_groups],
+                "groups": [_spec_row(g.kv_cache_spec) + (tuple(g.layer_names),)
+                           for g in sched.kv_cache_groups],
+                "tensors": [(t.size, tuple(t.shared_by)) for t in cfg.kv_cache_tensors],
+                "max concurrency": (ku.get_max_concurrency_for_kv_cache_config(vc, cfg)
+                                    if cfg.num_blocks else None),
+            })
+            out["budgets"][budget] = row
+        return out
+
+
+
+# -- hybrid models ------------------------------------------------------------------------------
+
+# The KV cache manager's name for each spec class.
+_KINDS = {kvi.FullAttentionSpec: "full", kvi.SlidingWindowSpec: "sliding_window",
+          kvi.ChunkedLocalAttentionSpec: "chunked_local", kvi.MambaSpec: "mamba"}
+BUDGET_MAX_MODEL_LEN_PROBE = 2048
+_ALLOW_CHUNKED = "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE"
+
+
+@contextmanager
+def _as_on_cuda(allow_chunked_local: bool):
+    """vLLM's config code as it runs on a CUDA GPU (stand-in: the platform's answer), with
+    VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE set or not."""
+    saved = os.environ.pop(_ALLOW_CHUNKED, None)
+    if allow_chunked_local:
+        os.environ[_ALLOW_CHUNKED] = "1"
+    try:
+        with mock.patch.object(current_platform, "support_hybrid_kv_cache", lambda: True):
+            yield
+    finally:
+        os.environ.pop(_ALLOW_CHUNKED, None)
+        if saved is not None:
+            os.environ[_ALLOW_CHUNKED] = saved
+
+
+def _layer_plan(mc: ModelConfig, cache_sliding_window: int | None) -> list[tuple[str, str, Any]]:
+    """(layer name, layer class, sliding window) of every layer with a KV cache, in the order
+    the model registers them (stand-in for building the model; see the module docstring)."""
+    hf = mc.hf_text_config
+    arch = mc.architecture
+    n = hf.num_hidden_layers
+    prefix = "language_model." if arch == "Llama4ForConditionalGeneration" else ""
+    plan = []
+    for i in range(n):
+        name = f"{prefix}model.layers.{i}"
+        if arch == "Gemma3ForCausalLM":
+            own = hf.sliding_window if hf.layer_types[i] == "sliding_attention" else None
+            plan.append((f"{name}.self_attn.attn", "Attention",
+                         own if own is not None else cache_sliding_window))
+        elif arch in ("Llama4ForConditionalGeneration", "Llama4ForCausalLM"):
+            chunked = hf.no_rope_layers[i] != 0 and hf.attention_chunk_size
+            plan.append((f"{name}.self_attn.attn",
+                         "ChunkedLocalAttention" if chunked else "Attention", cache_sliding_window))
+        elif arch == "GraniteMoeHybridForCausalLM" and hf.layer_types[i] == "mamba":
+            plan.append((f"{name}.mixer", "MambaMixer2", None))
+        else:
+            plan.append((f"{name}.self_attn.attn", "Attention", cache_sliding_window))
+    return plan
+
+
+def _spec_row(spec) -> tuple:
+    """(kind, block size, sliding window, chunk size, speculative pages) of a spec."""
+    return (_KINDS[type(spec)], spec.block_size, getattr(spec, "sliding_window", None),
+            getattr(spec, "attention_chunk_size", None),
+            getattr(spec, "num_speculative_blocks", 0))
+
+
+def _count(specs: dict[str, Any]) -> dict[Any, int]:
+    counts: dict[Any, int] = {}
+    for s in specs.values():
+        counts[s] = counts.get(s, 0) + 1
+    return counts
+
