@@ -36,9 +36,7 @@ from harness.paths import MODELS_DIR, STREAMS_DIR
 from harness.stream import load_stream
 from reference.kv_sizing import (ModelShape, NotEnoughKVCacheMemory, kv_cache_layout,
                                  min_bytes_for_max_model_len)
-from reference.kv_sizing_hybrid import (CannotUnifyKVCacheSpecs, HybridModel,
-                                        estimate_max_model_len, hybrid_layout, hybrid_manager_on,
-                                        is_hybrid_config, request_need)
+from reference import kv_sizing_hybrid as rkvh  # by module: a mutant's patch is seen
 
 DEFAULT_BLOCK_SIZE = 16
 MAX_MODEL_LENS = (1, 100, 2048)  # within every bundled model's max_position_embeddings
@@ -132,11 +130,11 @@ def _hybrid_fields(shape: tuple, scenario: Callable[..., dict], block_sizes: Ite
     return values
 
 
-def reference_hybrid_scenario(model: HybridModel, disable: bool, allow: bool, bs: int, mml: int,
-                              batched: int) -> dict[str, Any]:
+def reference_hybrid_scenario(model: rkvh.HybridModel, disable: bool, allow: bool, bs: int,
+                              mml: int, batched: int) -> dict[str, Any]:
     """The reference's answers for one scenario, shaped as ``VllmKVSizing.hybrid_sizing``'s."""
     specs = model.layer_specs(bs, mml)
-    on = hybrid_manager_on(model.cfg, disable, allow)
+    on = rkvh.hybrid_manager_on(model.cfg, disable, allow)
     mamba = [s for s in specs.values() if s.kind == "mamba"]
     counts: dict = {}
     for s in specs.values():
@@ -148,16 +146,17 @@ def reference_hybrid_scenario(model: HybridModel, disable: bool, allow: bool, bs
         "mamba page padded to": mamba[0].padded_page if mamba else None,
         "prefix caching turned off": bool(mamba),
         "layer specs": sorted(counts.items(), key=repr),
-        "need": request_need(specs, mml, batched),
+        "need": rkvh.request_need(specs, mml, batched),
         "budgets": {},
     }
     for budget in HYBRID_BUDGETS:
-        row: dict[str, Any] = {"estimate": estimate_max_model_len(specs, mml, batched, budget)}
+        row: dict[str, Any] = {
+            "estimate": rkvh.estimate_max_model_len(specs, mml, batched, budget)}
         try:
-            lay = hybrid_layout(specs, budget, mml, batched, hybrid_manager=on)
+            lay = rkvh.hybrid_layout(specs, budget, mml, batched, hybrid_manager=on)
         except NotEnoughKVCacheMemory:
             row["error"] = "not enough memory"
-        except CannotUnifyKVCacheSpecs:
+        except rkvh.CannotUnifyKVCacheSpecs:
             row["error"] = "cannot unify"
         else:
             row.update({
@@ -174,8 +173,8 @@ def reference_hybrid_scenario(model: HybridModel, disable: bool, allow: bool, bs
 
 
 def reference_values(model_dir: Path, block_sizes: Iterable[int]) -> dict[str, Any]:
-    cfg = HybridModel.load(model_dir)
-    if is_hybrid_config(cfg.cfg):
+    cfg = rkvh.HybridModel.load(model_dir)
+    if rkvh.is_hybrid_config(cfg.cfg):
         s = cfg.shape
         return _hybrid_fields(
             (s.num_layers, s.num_kv_heads, s.head_size, s.dtype),
@@ -253,7 +252,7 @@ def report(block_sizes: Iterable[int] | None = None) -> tuple[str, int, int]:
              f"{', '.join(map(str, sizes))}; max_model_len {', '.join(map(str, MAX_MODEL_LENS))}; "
              f"budgets {', '.join(map(_gib, BUDGETS))}")
     lines = [scope]
-    hybrid = [m.name for m in models if is_hybrid_config(HybridModel.load(m).cfg)]
+    hybrid = [m.name for m in models if rkvh.is_hybrid_config(rkvh.HybridModel.load(m).cfg)]
     if hybrid:
         lines.append(
             f"hybrid models ({', '.join(hybrid)}), sized as on a CUDA GPU: "

@@ -26,6 +26,9 @@ KV_CACHE_UTILS = "vllm/v1/core/kv_cache_utils.py"
 REQUEST = "vllm/v1/request.py"
 WORKER_BLOCK_TABLE = "vllm/v1/worker/block_table.py"
 MODEL_CONFIG = "vllm/config/model.py"
+KV_CACHE_INTERFACE = "vllm/v1/kv_cache_interface.py"
+HYBRID_MODEL_CONFIG = "vllm/model_executor/models/config.py"
+VLLM_CONFIG = "vllm/config/__init__.py"
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,13 @@ import heapq
 from harness.patches import (BLOCK_POOL, KV_CACHE_MANAGER, KV_CACHE_UTILS, MODEL_CONFIG,
                              REQUEST, REQUEST_QUEUE, SCHED_UTILS, SCHEDULER, SINGLE_TYPE,
                              WORKER_BLOCK_TABLE, Mutant, replace)
+from harness.patches import HYBRID_MODEL_CONFIG, KV_CACHE_INTERFACE, VLLM_CONFIG
 from reference import block_hash as rhash
 from reference import block_pool as rbp
 from reference import config as rconfig
 from reference import kv_cache_manager as rkv
 from reference import kv_sizing as rkvs
+from reference import kv_sizing_hybrid as rkvh
 from reference import request as rreq
 from reference import request_queue as rq
 from reference import scheduler as rsched
@@ -414,6 +416,49 @@ def _hidden_over_heads(cfg):
         MODEL_CONFIG, replaces=(rkvs, "config_dtype"), checked_by="kv sizing")
 def _newer_key_only(cfg):
     return cfg.get("dtype") or "bfloat16"
+
+
+# -- KV sizing of hybrid models (reference/kv_sizing_hybrid.py) ------------------------------
+# Killed by the same check, on the bundled hybrid configs (Gemma 3, Llama 4, Granite 4.0-H).
+
+
+@mutant("sliding_window_no_extra_page",
+        "a sliding-window layer needs the pages of window - 1 + max_num_batched_tokens tokens "
+        "(at most max_model_len) plus one", KV_CACHE_INTERFACE,
+        replaces=(rkvh, "attention_pages_needed"), checked_by="kv sizing")
+def _window_pages_only(spec, max_model_len, max_num_batched_tokens):
+    if spec.kind == rkvh.SLIDING_WINDOW:
+        tokens = min(spec.sliding_window - 1 + max_num_batched_tokens, max_model_len)
+        return rkvs.cdiv(tokens, spec.block_size)
+    return _attention_pages_needed(spec, max_model_len, max_num_batched_tokens)
+
+
+_attention_pages_needed = rkvh.attention_pages_needed
+
+
+@mutant("padding_groups_contiguous",
+        "a kind's layers are dealt round robin into its groups (layers[i::groups])",
+        KV_CACHE_UTILS, replaces=(rkvh, "split_kind"), checked_by="kv sizing")
+def _contiguous_groups(layers, group_size):
+    return [layers[i:i + group_size] for i in range(0, len(layers), group_size)]
+
+
+@mutant("mamba_block_not_multiple_of_16",
+        "a Mamba hybrid's attention block is the smallest multiple of 16 tokens whose page "
+        "holds a Mamba state", HYBRID_MODEL_CONFIG,
+        replaces=(rkvh, "mamba_attention_block_size"), checked_by="kv sizing")
+def _smallest_block(block_size, attn_bytes_per_token, mamba_page):
+    needed = rkvs.cdiv(mamba_page, attn_bytes_per_token)
+    return needed if block_size is None or block_size < needed else block_size
+
+
+@mutant("chunked_local_keeps_hybrid_manager",
+        "chunked local attention turns the hybrid KV cache manager off unless "
+        "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1", VLLM_CONFIG,
+        replaces=(rkvh, "hybrid_manager_on"), checked_by="kv sizing")
+def _manager_kept(cfg, disable_hybrid_kv_cache_manager=False,
+                  allow_chunked_local_with_hybrid=False):
+    return not disable_hybrid_kv_cache_manager
 
 
 _add_row = rslots.WorkerBlockTable.add_row
