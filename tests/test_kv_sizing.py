@@ -238,3 +238,96 @@ def test_no_layers_never_checked():
 
 def test_cdiv():
     assert [cdiv(n, 16) for n in (0, 1, 15, 16, 17, 32)] == [0, 1, 1, 1, 2, 2]
+
+
+# --- hybrid models (reference.kv_sizing_hybrid), by hand-computed numbers -------------------
+
+from reference import kv_sizing_hybrid as H  # noqa: E402
+
+MODELS = ROOT / "fixtures" / "models"
+
+
+def _groups(layout):
+    return [(g.spec.kind, g.spec.block_size, g.spec.sliding_window, g.spec.attention_chunk_size,
+             len(g.layer_names)) for g in layout.groups]
+
+
+def test_gemma3_layers_and_groups():
+    m = H.HybridModel.load(MODELS / "gemma-3-1b")
+    specs = m.layer_specs(16, 2048)
+    kinds = [s.kind for s in specs.values()]
+    assert kinds.count(H.SLIDING_WINDOW) == 22 and kinds.count(H.FULL) == 4
+    assert [n for n, s in specs.items() if s.kind == H.FULL] == \
+        [f"model.layers.{i}.self_attn.attn" for i in (5, 11, 17, 23)]
+    assert {s.page_size_bytes for s in specs.values()} == {2 * 1 * 256 * 2 * 16}  # 16 KiB
+    lay = H.hybrid_layout(specs, GiB, 2048, 2048)
+    # smallest kind: 4 full layers; 22 sliding layers -> 6 groups (2 padding slots)
+    assert _groups(lay) == [("sliding_window", 16, 512, None, n) for n in (4, 4, 4, 4, 3, 3)] + \
+        [("full", 16, None, None, 4)]
+    assert lay.groups[0].layer_names[:3] == ("model.layers.0.self_attn.attn",
+                                             "model.layers.7.self_attn.attn",
+                                             "model.layers.14.self_attn.attn")
+    assert lay.num_blocks == GiB // (16 * KiB) // 4 == 16384
+    assert [len(t.shared_by) for t in lay.tensors] == [7, 7, 7, 5]
+    assert {t.size for t in lay.tensors} == {16384 * 16 * KiB}
+
+
+def test_gemma3_need_and_manager_off():
+    m = H.HybridModel.load(MODELS / "gemma-3-1b")
+    specs = m.layer_specs(16, 16384)
+    page = 16 * KiB
+    # full: 16384 / 16 pages; sliding: min(511 + 2048, 16384) = 2559 tokens -> 160 pages + 1
+    assert H.request_need(specs, 16384, 2048) == 4 * 1024 * page + 22 * 161 * page
+    off = H.hybrid_layout(specs, GiB, 16384, 2048, hybrid_manager=False)
+    assert _groups(off) == [("full", 16, 512, None, 26)]  # one group: windows sized as full
+    assert off.num_blocks == GiB // page // 26 and len(off.tensors) == 26
+    with pytest.raises(NotEnoughKVCacheMemory) as exc:
+        H.hybrid_layout(specs, 64 * MiB, 16384, 2048)
+    assert exc.value.estimated_max_len == H.estimate_max_model_len(specs, 16384, 2048, 64 * MiB)
+    assert H.request_need(specs, exc.value.estimated_max_len, 2048) <= 64 * MiB
+    assert H.request_need(specs, exc.value.estimated_max_len + 1, 2048) > 64 * MiB
+
+
+def test_llama4_chunked_local_and_manager_setting():
+    m = H.HybridModel.load(MODELS / "llama-4-scout")
+    specs = m.layer_specs(16, 2048)
+    full = [n for n, s in specs.items() if s.kind == H.FULL]
+    assert full == [f"language_model.model.layers.{i}.self_attn.attn" for i in range(3, 48, 4)]
+    assert not H.hybrid_manager_on(m.cfg)  # chunked local: off unless allowed
+    assert H.hybrid_manager_on(m.cfg, allow_chunked_local_with_hybrid=True)
+    off = H.hybrid_layout(specs, GiB, 2048, 2048, hybrid_manager=False)
+    assert _groups(off) == [("full", 16, None, 8192, 48)]
+    on = H.hybrid_layout(specs, GiB, 2048, 2048, hybrid_manager=True)
+    assert _groups(on) == [("chunked_local", 16, None, 8192, 12)] * 3 + [("full", 16, None, None, 12)]
+    page = 2 * 8 * 128 * 2 * 16
+    assert on.num_blocks == GiB // page // 12 == 1365
+    # chunked: min(8192 + 2048, 16384) tokens
+    assert H.request_need(m.layer_specs(16, 16384), 16384, 2048) == \
+        12 * 1024 * page + 36 * 640 * page
+
+
+def test_granite_mamba_block_size_and_padding():
+    m = H.HybridModel.load(MODELS / "granite-4.0-h-tiny")
+    state = (3 * (2 * 1536 + 2 * 128) + 48 * 64 * 128) * 2
+    assert state == 806400
+    assert m.attention_block_size(16) == 16 * -(-state // (16 * 2048)) == 400
+    assert m.attention_block_size(512) == 512
+    specs = m.layer_specs(16, 2048)
+    assert {(s.kind, s.block_size, s.page_size_bytes) for s in specs.values()} == \
+        {("full", 400, 819200), ("mamba", 2048, 819200)}
+    assert list(specs)[:4] == [f"model.layers.{i}.self_attn.attn" for i in (5, 15, 25, 35)]
+    lay = H.hybrid_layout(specs, GiB, 2048, 2048)
+    assert _groups(lay) == [("full", 400, None, None, 4)] + [("mamba", 2048, None, None, 4)] * 9
+    assert lay.num_blocks == GiB // 819200 // 4 == 327
+    assert H.request_need(specs, 2048, 2048) == 4 * 6 * 819200 + 36 * 819200
+    with pytest.raises(H.CannotUnifyKVCacheSpecs):
+        H.hybrid_layout(specs, GiB, 2048, 2048, hybrid_manager=False)
+
+
+def test_full_attention_models_are_not_hybrid():
+    for name in ("qwen2.5-0.5b", "qwen3-0.6b", "opt-125m"):
+        assert not H.is_hybrid_config(H.HybridModel.load(MODELS / name).cfg)
+    qwen = H.HybridModel.load(QWEN_DIR)
+    lay = H.hybrid_layout(qwen.layer_specs(16, 2048), GiB, 2048, 2048)
+    ref = kv_cache_layout(ModelShape.load(QWEN_DIR), 16, GiB, 2048)
+    assert lay.num_blocks == ref.num_blocks and len(lay.tensors) == ref.num_tensors

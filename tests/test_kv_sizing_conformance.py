@@ -233,3 +233,27 @@ def test_estimate_max_model_len(vl, block_size):
         except NotEnoughKVCacheMemory:
             ref_ok = False
         assert vllm_ok == ref_ok == fits, budget
+
+
+# --- hybrid models: sized as on a CUDA GPU -----------------------------------------------------
+
+HYBRID = ["gemma-3-1b", "llama-4-scout", "granite-4.0-h-tiny"]
+
+
+@pytest.mark.parametrize("name", HYBRID)
+def test_hybrid_model_is_sized_as_hybrid(vllm_engine, name):
+    """Both sides size the bundled hybrid models by their groups (not as full attention), and
+    the scheduler's groups of the default setting agree (the full check is above)."""
+    from harness.engines import vllm_sizing
+    from reference.kv_sizing_hybrid import HybridModel, hybrid_layout, hybrid_manager_on
+    vl = vllm_sizing(MODELS_DIR / name)
+    assert vl.is_hybrid()
+    model = HybridModel.load(MODELS_DIR / name)
+    for bs, mml, batched in [(16, 2048, 2048), (64, 16384, 8192), (512, 100, 2048)]:
+        row = vl.hybrid_sizing(bs, mml, batched, [4 * GiB])["budgets"][4 * GiB]
+        lay = hybrid_layout(model.layer_specs(bs, mml), 4 * GiB, mml, batched,
+                            hybrid_manager=hybrid_manager_on(model.cfg))
+        assert row["num blocks"] == lay.num_blocks
+        assert [g[:5] for g in row["groups"]] == [
+            (s.kind, s.block_size, s.sliding_window, s.attention_chunk_size,
+             s.num_speculative_blocks) for s in lay.scheduler_groups()]
