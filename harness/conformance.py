@@ -38,8 +38,21 @@ class Comparison:
 
     @property
     def failures(self) -> list[dict[str, Any]]:
-        """The traces whose engine failed (raised) on the stream."""
+        """The traces whose engine failed (raised) on the stream, unless the reference
+        reproduces vLLM's failure."""
+        if self.crash_reproduced:
+            return []
         return [t for t in (self.vllm, self.reference) if t["verdict"] == ENGINE_FAILURE]
+
+    @property
+    def crash_reproduced(self) -> bool:
+        """vLLM raised, and the reference raised the same exception at the same step
+        after the same steps: a vLLM crash the reference reproduces (reference.quirks
+        names each one it knows)."""
+        a, b = self.vllm, self.reference
+        return (self.divergence is None
+                and a["verdict"] == b["verdict"] == ENGINE_FAILURE
+                and exception_name(a) == exception_name(b))
 
     @property
     def equal(self) -> bool:
@@ -48,6 +61,11 @@ class Comparison:
     def failure_lines(self) -> list[str]:
         return [f"ENGINE FAILURE ({t['engine']}) at step {t['failure']['step']}: "
                 f"{t['failure']['message']}" for t in self.failures]
+
+
+def exception_name(trace: dict[str, Any]) -> str:
+    """The exception an engine failed with (its failure message starts with the name)."""
+    return trace["failure"]["message"].split(":", 1)[0]
 
 
 def compare(stream: Stream, reference=None, vllm=None) -> Comparison:
@@ -115,6 +133,10 @@ def check_one(stream: Stream, quiet: bool = False) -> Checked:
         saved.append(str(path))
         lines.append(f"{stream.name}: {report(c.vllm, c.reference, c.divergence)}\n"
                      f"  stream saved: {path}\n  replay: python -m harness check {path}")
+    elif c.crash_reproduced and not quiet:
+        lines.append(f"{stream.name}: equal ({len(c.vllm['steps'])} steps, then both engines "
+                     f"raise {exception_name(c.vllm)} at step {c.vllm['failure']['step']}: "
+                     "a vLLM crash the reference reproduces)")
     elif c.equal and not quiet:
         lines.append(f"{stream.name}: equal ({len(c.vllm['steps'])} steps, {c.vllm['verdict']})")
     return Checked(stream, c, saved, "\n".join(lines))

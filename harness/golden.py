@@ -116,6 +116,14 @@ def replay_all_releases() -> tuple[int, int, list[str]]:
     return ok, total, bad
 
 
+def recorded_crashes(vllm_version: str = "0.11.0") -> set[str]:
+    """The bundled streams on which that vLLM release fails (its recorded trace says
+    ``engine_failure``): a vLLM crash is recorded, and the reference reproduces it."""
+    from harness.paths import golden_dir
+    return {p.stem for p in golden_dir(vllm_version).glob("*.json")
+            if json.loads(p.read_text()).get("verdict") == "engine_failure"}
+
+
 def read_trace(path: Path) -> Any:
     """A recorded trace file's JSON; unreadable or invalid JSON is a StreamError (bad input)."""
     try:

@@ -18,6 +18,7 @@ Patch = Callable[[], contextlib.AbstractContextManager]
 # The vLLM 0.11.0 modules a mutant's rule lives in.
 SCHEDULER = "vllm/v1/core/sched/scheduler.py"
 KV_CACHE_MANAGER = "vllm/v1/core/kv_cache_manager.py"
+KV_CACHE_COORDINATOR = "vllm/v1/core/kv_cache_coordinator.py"
 BLOCK_POOL = "vllm/v1/core/block_pool.py"
 REQUEST_QUEUE = "vllm/v1/core/sched/request_queue.py"
 SCHED_UTILS = "vllm/v1/core/sched/utils.py"

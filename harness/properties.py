@@ -78,6 +78,16 @@ PROPERTIES: tuple[Property, ...] = (
              targets=("priority_quirk_fixed", "priority_victim_loses_its_grant_dropped")),
     Property("priority_victim_drafts", st.priority_victim_draft_streams, ("draft_rejection",),
              targets=("rejected_drafts_kept_by_victim",), scale=3),
+    Property("hybrid_groups", st.hybrid_streams, ("hybrid_hit_with_null_pages",),
+             targets=("window_pages_kept", "window_edge_off_by_one", "chunk_hit_from_start",
+                      "chunk_pages_kept", "chunk_frees_last_cached_page",
+                      "groups_freed_last_first")),
+    Property("window_hits", st.window_hit_streams, ("hybrid_hit_with_null_pages",),
+             targets=("window_pages_whole_window", "window_hit_from_left",
+                      "hybrid_full_hit_not_cut", "hybrid_other_hit_unbounded",
+                      "cache_key_without_group")),
+    Property("draft_windows", st.draft_window_streams,
+             targets=("null_page_never_cached", "mamba_draft_pages_ignored")),
 )
 
 

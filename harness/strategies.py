@@ -24,6 +24,10 @@ Public strategies:
 * targeted variants for rules that need a rare combination (the rule report,
   ``harness.reach``, shows they are needed): :func:`crowd_streams` (up to 72
   requests, ties), :func:`set_aside_streams`, :func:`priority_victim_streams`;
+* :func:`hybrid_streams`, for models with several KV cache groups
+  (:func:`kv_cache_groups` draws them); :func:`window_hit_streams`, their
+  prefix hits after windows have slid; :func:`draft_window_streams`, drafts
+  that decide their pages;
 * :func:`any_stream`, which mixes all of them.
 
 Shrinking, in general: fewer requests, shorter prompts and outputs, earlier
@@ -42,13 +46,16 @@ from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import SearchStrategy
 
 from harness.model import accepted_prefix
-from harness.stream import Config, RequestSpec, StreamError, parse_stream
+from harness.stream import (Config, KVCacheGroup, RequestSpec, StreamError,
+                            max_pages_per_request, parse_stream)
 
 __all__ = [
     "STOP_MODES", "configs", "streams", "preemption_streams", "prefix_cache_streams",
     "chunked_prefill_streams", "spec_decode_streams", "stop_and_abort_streams",
     "crowd_streams", "set_aside_streams", "set_aside_threshold_streams",
-    "priority_victim_streams", "priority_victim_draft_streams", "any_stream", "request_ids",
+    "priority_victim_streams", "priority_victim_draft_streams", "hybrid_streams",
+    "window_hit_streams", "draft_window_streams",
+    "kv_cache_groups", "any_stream", "request_ids",
 ]
 
 #: Token ids are drawn from ``range(vocab_size)``; small, so that prefixes,
@@ -118,7 +125,7 @@ def configs(draw, **overrides: Any) -> dict[str, Any]:
     caching on, 1 seat, the smallest legal budget, one spare page, no
     long-prefill threshold, fcfs, no speculative decoding, ngram.
     """
-    unknown = set(overrides) - _CONFIG_FIELDS - {"spare_blocks", "budget"}
+    unknown = set(overrides) - _CONFIG_FIELDS - {"spare_blocks", "budget", "hybrid"}
     if unknown:
         raise InvalidArgument(f"configs(): unknown field(s) {sorted(unknown)}")
 
@@ -137,18 +144,27 @@ def configs(draw, **overrides: Any) -> dict[str, Any]:
         budget = max(min_budget, _value(draw, overrides["budget"]))
     else:
         budget = draw(st.integers(min_budget, max(min_budget, 2 * max_model_len)))
-    min_blocks = max(2, _cdiv(max_model_len, block_size))
-    if "num_gpu_blocks" in overrides:
-        num_blocks = _value(draw, overrides["num_gpu_blocks"])
-    else:
+    spare = None
+    if "num_gpu_blocks" not in overrides:
         spare = (_value(draw, overrides["spare_blocks"]) if "spare_blocks" in overrides
-                 else draw(_rarely(st.just(0), st.integers(1, 2 * min_blocks))))
-        num_blocks = min_blocks + spare
+                 else draw(_rarely(st.just(0), st.integers(1, 2 * max(2, _cdiv(
+                     max_model_len, block_size))))))
     threshold = pick("long_prefill_token_threshold",
                      st.one_of(st.just(0), st.integers(1, max_model_len)))
     policy = pick("policy", st.sampled_from(["fcfs", "priority"]))
     num_spec = pick("num_speculative_tokens", st.one_of(st.just(0), st.integers(1, 4)))
     method = pick("speculative_method", st.sampled_from(["ngram", "eagle"]))
+    if "kv_cache_groups" in overrides:
+        groups = _value(draw, overrides["kv_cache_groups"])
+    elif _value(draw, overrides.get("hybrid", False)):
+        groups = draw(kv_cache_groups(block_size, caching,
+                                      eagle=num_spec > 0 and method == "eagle"))
+    else:
+        groups = None
+    if spare is None:
+        num_blocks = _value(draw, overrides["num_gpu_blocks"])
+    else:
+        num_blocks = max(2, _min_pool(groups, block_size, max_model_len, budget)) + spare
     config = {
         "block_size": block_size,
         "num_gpu_blocks": num_blocks,
@@ -164,8 +180,64 @@ def configs(draw, **overrides: Any) -> dict[str, Any]:
         "model": _value(draw, overrides.get("model", DEFAULT_MODEL)),
         "max_steps": _value(draw, overrides.get("max_steps", DEFAULT_MAX_STEPS)),
     }
+    if groups is not None:
+        config["kv_cache_groups"] = groups
     _check_config_dict(config)
     return config
+
+
+def _min_pool(groups: list[dict[str, Any]] | None, block_size: int, max_model_len: int,
+              budget: int) -> int:
+    """The smallest pool the stream rules allow (one max_model_len request in every group)."""
+    if groups is None:
+        return _cdiv(max_model_len, block_size)
+    c = Config(block_size=block_size, max_model_len=max_model_len,
+               max_num_batched_tokens=budget)
+    return sum(max_pages_per_request(KVCacheGroup(**g), c) for g in groups)
+
+
+@st.composite
+def kv_cache_groups(draw, block_size: int, caching: bool, eagle: bool = False
+                    ) -> list[dict[str, Any]]:
+    """The KV cache groups of a hybrid model, valid for the config (see ``harness.stream``).
+
+    With prefix caching on: full-attention groups plus groups of one other
+    type with one parameter, full ones first or last (vLLM 0.11.0's hybrid
+    coordinator), or a single group of any attention type; no Mamba (0.11.0
+    turns caching off for it), no chunked local attention with eagle.  With
+    caching off, any mix in any order, Mamba included.  Windows and chunks are
+    1-4 pages long, sometimes not a whole number of pages, so they slide within
+    the short requests of a stream.
+    Shrinks towards: one full group followed by one sliding-window group.
+    """
+    others = ["sliding_window", "chunked_local"] + ([] if caching else ["mamba"])
+    if caching and eagle:
+        others.remove("chunked_local")
+    shape = draw(st.sampled_from(["full_and_other", "one_group"] + ([] if caching else ["mixed"])))
+    if shape == "one_group":
+        return [_group(draw, draw(st.sampled_from(others)), block_size)]
+    if shape == "mixed":
+        kinds = draw(st.lists(st.sampled_from(["full", "sliding_window", "chunked_local", "mamba"]),
+                              min_size=2, max_size=5))
+        return [_group(draw, kind, block_size) for kind in kinds]
+    other = _group(draw, draw(st.sampled_from(others)), block_size)
+    full = [{"type": "full"}] * draw(st.integers(1, 2))
+    rest = [other] * draw(st.integers(1, 3))
+    return full + rest if not _one_in(draw, 3) else rest + full
+
+
+def _group(draw, kind: str, block_size: int) -> dict[str, Any]:
+    if kind == "sliding_window":
+        # sliding_window - 1 a whole number of pages half the time: the edge of the hit rule.
+        pages = draw(st.integers(0, 4))
+        edge = (draw(st.integers(0, block_size - 1)) if _one_in(draw, 2)
+                else draw(st.sampled_from([1, 0, 2])))
+        return {"type": kind, "sliding_window": max(1, pages * block_size + edge)}
+    if kind == "chunked_local":
+        pages = draw(st.integers(1, 4))
+        odd = draw(_rarely(st.integers(1, max(1, block_size - 1)), st.just(0), one_in=4))
+        return {"type": kind, "attention_chunk_size": pages * block_size + odd}
+    return {"type": kind}
 
 
 def _check_config_dict(config: dict[str, Any]) -> None:
@@ -213,17 +285,25 @@ def _prefix_pool(draw, config: dict[str, Any], vocab: int) -> list[list[int]]:
 
 
 def _draw_prompt(draw, config: dict[str, Any], earlier: list[dict[str, Any]],
-                 prefixes: list[list[int]], vocab: int, min_len: int, max_len: int) -> list[int]:
-    """A fresh prompt, a shared prefix plus a suffix, or an earlier request's prompt+output."""
+                 prefixes: list[list[int]], vocab: int, min_len: int, max_len: int,
+                 cut_earlier: bool = False) -> list[int]:
+    """A fresh prompt, a shared prefix plus a suffix, an earlier request's prompt+output,
+    or (``cut_earlier``) the first tokens of an earlier request's prompt+output."""
     kinds = ["fresh"]
     if prefixes:
         kinds.append("prefix")
     if prefixes and earlier:
         kinds.append("extends_earlier")
+    if cut_earlier and earlier:
+        kinds.append("cuts_earlier")
     kind = draw(st.sampled_from(kinds))
     limit = config["max_model_len"] - 1  # a prompt must be shorter than max_model_len
     if kind == "fresh":
         return _tokens(draw, draw(st.integers(min_len, max_len)), vocab)
+    if kind == "cuts_earlier":  # its hit ends where the earlier request's window had slid on
+        other = draw(st.sampled_from(earlier))
+        whole = (other["prompt"] + other["output"])[:limit]
+        return whole[:draw(st.integers(1, len(whole)))]
     if kind == "prefix":
         head = draw(st.sampled_from(prefixes))
     else:  # the prompt and some outputs of an earlier request: a hit on output pages
@@ -360,7 +440,8 @@ def streams(draw, config: dict[str, Any] | SearchStrategy | None = None,
             resets: bool = True,
             drafts: bool = True,
             bursts: int = 0,
-            priority_values: SearchStrategy[int] = st.integers(0, 2)) -> dict[str, Any]:
+            priority_values: SearchStrategy[int] = st.integers(0, 2),
+            cut_earlier: bool = False) -> dict[str, Any]:
     """A valid stream dict: ``{"config": ..., "requests": [...]}``.
 
     ``config`` is a config dict, a strategy of config dicts, or None for
@@ -385,7 +466,9 @@ def streams(draw, config: dict[str, Any] | SearchStrategy | None = None,
       config has ``num_speculative_tokens > 0``);
     * ``bursts`` -- when positive, requests arrive together at most that many
       distinct steps (ties of arrival step), else anywhere in the range;
-    * ``priority_values`` -- the strategy a request's priority comes from.
+    * ``priority_values`` -- the strategy a request's priority comes from;
+    * ``cut_earlier`` -- a prompt may also be the first tokens of an earlier
+      request's prompt + output (its hit ends inside the earlier one).
 
     Shrinks towards: the shrunk config, ``min_requests`` requests arriving at
     step 0, fresh short prompts, the first stop mode in ``stop_modes``, and
@@ -416,7 +499,8 @@ def streams(draw, config: dict[str, Any] | SearchStrategy | None = None,
     ids = draw(request_ids(count))
     requests: list[dict[str, Any]] = []
     for rid, arrival in zip(ids, arrivals):
-        prompt = _draw_prompt(draw, config, requests, prefixes, vocab_size, min_len, max_len)
+        prompt = _draw_prompt(draw, config, requests, prefixes, vocab_size, min_len, max_len,
+                              cut_earlier)
         req: dict[str, Any] = {"id": rid, "prompt": prompt}
         if arrival:
             req["arrival_step"] = arrival
@@ -705,6 +789,126 @@ def priority_victim_draft_streams(**knobs: Any) -> SearchStrategy[dict[str, Any]
                                                         knobs))
 
 
+def _hybrid_configs() -> SearchStrategy[dict[str, Any]]:
+    return configs(hybrid=True, block_size=st.sampled_from([4, 2, 8]),
+                   max_model_len=st.integers(16, 48),
+                   enable_prefix_caching=st.sampled_from([True, False]),
+                   budget=_rarely(st.integers(1, 48), st.integers(2, 12), one_in=2),
+                   spare_blocks=_rarely(st.integers(4, 16), st.integers(0, 3), one_in=3),
+                   max_num_seqs=st.integers(1, 6),
+                   num_speculative_tokens=st.one_of(st.just(0), st.integers(1, 3)))
+
+
+def hybrid_streams(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
+    """Hybrid models: several KV cache groups (see :func:`kv_cache_groups`).
+
+    Prefix caching on in half of the configs, drafts in half; small budgets in half,
+    so that prompts are prefilled in chunks and windows slide within a
+    prefill; pools of 0-3 spare pages most of the time, so that requests
+    preempt each other while their windows have freed pages; shared prefixes
+    and prompts that extend an earlier request's output in every stream, so
+    that hits are searched from the right and must agree across groups;
+    drafts (Mamba's extra pages, eagle's extra window page, accepted drafts
+    that leave a short window before they are cached).  ``knobs`` go to
+    :func:`streams`.
+    Shrinks towards: a full and a sliding-window group, two requests at step 0.
+    """
+    return streams(**_with(dict(config=_hybrid_configs(), min_requests=2, max_requests=6,
+                                shared_prefixes="always", max_arrival_step=6,
+                                max_prompt_len=40, max_output_len=20), knobs))
+
+
+def window_hit_streams(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
+    """Prefix hits on hybrid models whose windows have slid: full-attention groups plus
+    sliding-window (or, one time in four, chunked-local) groups, prefix caching on.
+
+    Requests arrive one after another over 12 steps and reuse each other's
+    tokens -- shared prefixes, an earlier prompt + output, or its first tokens
+    -- in a pool of 0-3 spare pages: the pages a window let go of mid-request
+    are evicted first, so later hits must be found from the right, and the
+    full-attention hit is often longer than the window's and is cut to it.
+    Half of the windows end on a page edge (``sliding_window - 1`` a whole
+    number of pages); ngram drafts in half of the configs.
+    ``knobs`` go to :func:`streams`.
+    Shrinks towards: one full and one sliding-window group, three requests at step 0.
+    """
+    config = _window_hit_configs()
+    return streams(**_with(dict(config=config, min_requests=3, max_requests=8,
+                                shared_prefixes="always", cut_earlier=True, max_arrival_step=12,
+                                max_prompt_len=40, max_output_len=12, aborts=False,
+                                cache_salts=False, prompt_logprobs=False, resets=False), knobs))
+
+
+@st.composite
+def _window_hit_configs(draw) -> dict[str, Any]:
+    block_size = draw(st.sampled_from([4, 2, 8]))
+    kind = draw(_rarely(st.just("chunked_local"), st.just("sliding_window"), one_in=4))
+    other = _group(draw, kind, block_size)
+    if kind == "sliding_window" and _one_in(draw, 2):  # sliding_window - 1 on a page edge
+        other = {**other, "sliding_window": draw(st.integers(0, 4)) * block_size + 1}
+    groups = [{"type": "full"}] * draw(st.integers(1, 2)) + [other] * draw(st.integers(1, 2))
+    if _one_in(draw, 4):
+        groups.reverse()
+    return draw(configs(block_size=block_size, max_model_len=st.integers(20, 48),
+                        enable_prefix_caching=True, enable_chunked_prefill=True,
+                        max_num_seqs=st.integers(1, 4), budget=st.integers(4, 24),
+                        spare_blocks=st.integers(0, 3), kv_cache_groups=groups,
+                        num_speculative_tokens=st.one_of(st.just(0), st.integers(1, 3)),
+                        speculative_method="ngram"))
+
+
+@st.composite
+def _draft_window_configs(draw) -> dict[str, Any]:
+    block_size = draw(st.sampled_from([4, 2, 8]))
+    if _one_in(draw, 3):  # Mamba: its state pages, one per draft
+        groups = [{"type": "mamba"}, {"type": "full"}]
+        if _one_in(draw, 2):
+            groups.reverse()
+        caching = False
+    else:  # a window shorter than the drafts that fill its pages
+        groups = [{"type": "full"}, {"type": "sliding_window",
+                                     "sliding_window": draw(st.integers(1, 4))}]
+        caching = True
+    return draw(configs(block_size=block_size, max_model_len=st.integers(16, 48),
+                        enable_prefix_caching=caching, kv_cache_groups=groups,
+                        budget=st.integers(8, 32), max_num_seqs=st.integers(1, 4),
+                        num_speculative_tokens=st.integers(2, 4), speculative_method="ngram"))
+
+
+def _right_drafts(output: list[int], stop_index: int, num_spec: int) -> list[list[int]]:
+    """Draft lists that are all accepted: each is the request's next outputs."""
+    drafts, n = [], 1
+    while n <= stop_index and len(drafts) < 12:
+        drafts.append(list(output[n:n + num_spec]))
+        n += len(drafts[-1]) + 1
+    return drafts
+
+
+@st.composite
+def draft_window_streams(draw, **knobs: Any) -> dict[str, Any]:
+    """Speculative decoding on hybrid models, where drafts decide pages: a sliding window
+    of 1-4 tokens (prefix caching on), shorter than the accepted drafts, or (one config
+    in three) a Mamba group, which keeps one state page per speculative token.
+
+    With a window that short, a page filled by accepted drafts leaves the window
+    before it is cached, and vLLM 0.11.0 indexes the null page in its place
+    (quirks.NULL_PAGE_CACHED): such streams end in the crash both engines raise.
+    Every request carries drafts; in three requests of four they are all right.
+    ``knobs`` go to :func:`streams`.
+    Shrinks towards: a full group and a 1-token window, two drafts, one request.
+    """
+    data = draw(streams(**_with(dict(config=_draft_window_configs(), min_requests=1,
+                                     max_requests=4, drafts=True, max_output_len=20,
+                                     max_arrival_step=4, aborts=False), knobs)))
+    config = data["config"]
+    for request in data["requests"]:
+        if not _one_in(draw, 4):
+            request["drafts"] = _right_drafts(
+                request["output"], _spec_of(request).stop_index(config["max_model_len"]),
+                config["num_speculative_tokens"])
+    return data
+
+
 def any_stream(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
     """Any stream: the general :func:`streams` or one of the focused or targeted variants.
 
@@ -715,4 +919,5 @@ def any_stream(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
                      prefix_cache_streams(**knobs), chunked_prefill_streams(**knobs),
                      spec_decode_streams(**knobs), stop_and_abort_streams(**knobs),
                      crowd_streams(**knobs), set_aside_streams(**knobs),
-                     priority_victim_streams(**knobs))
+                     priority_victim_streams(**knobs), hybrid_streams(**knobs),
+                     window_hit_streams(**knobs), draft_window_streams(**knobs))

@@ -42,6 +42,24 @@ def _one_line(text: str) -> str:
 
 
 @dataclass(frozen=True)
+class KVCacheGroup:
+    """One KV cache group of the model: its layers' attention type and that type's parameter."""
+
+    type: str = "full"
+    sliding_window: int | None = None
+    attention_chunk_size: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """Only the fields that are set: the type and its parameter."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+#: The parameter each group type needs (and no other type may have).
+GROUP_PARAMETER = {"full": None, "sliding_window": "sliding_window",
+                   "chunked_local": "attention_chunk_size", "mamba": None}
+
+
+@dataclass(frozen=True)
 class Config:
     """Engine configuration of a stream (vLLM's scheduler/cache/spec config)."""
 
@@ -56,8 +74,28 @@ class Config:
     policy: str = "fcfs"
     num_speculative_tokens: int = 0
     speculative_method: str = "ngram"
+    # None: one full-attention group, the model of every stream before groups existed.
+    kv_cache_groups: tuple[KVCacheGroup, ...] | None = None
     model: str = "qwen2.5-0.5b"
     max_steps: int = 1000
+
+    @property
+    def groups(self) -> tuple[KVCacheGroup, ...]:
+        return self.kv_cache_groups or (KVCacheGroup(),)
+
+    @property
+    def uses_eagle(self) -> bool:
+        return self.num_speculative_tokens > 0 and self.speculative_method == "eagle"
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field, except ``kv_cache_groups`` when it is left out (so streams
+        written before groups existed keep their bytes and hashes)."""
+        out = asdict(self)
+        if self.kv_cache_groups is None:
+            del out["kv_cache_groups"]
+        else:
+            out["kv_cache_groups"] = [g.to_json() for g in self.kv_cache_groups]
+        return out
 
 
 @dataclass(frozen=True)
@@ -107,7 +145,7 @@ class Stream:
     def to_json(self) -> dict[str, Any]:
         """The canonical JSON form: every field, defaults made explicit."""
         out: dict[str, Any] = {
-            "config": asdict(self.config),
+            "config": self.config.to_json(),
             "requests": [_request_json(r) for r in self.requests],
         }
         if self.name:
@@ -219,7 +257,10 @@ def _build(data: dict[str, Any], default_name: str) -> Stream:
         "stop_token_ids": tuple(r.get("stop_token_ids", ())),
         "drafts": tuple(tuple(d) for d in r.get("drafts", ())),
     }) for r in data["requests"])
-    return Stream(Config(**data.get("config", {})), requests,
+    config = dict(data.get("config", {}))
+    if config.get("kv_cache_groups") is not None:
+        config["kv_cache_groups"] = tuple(KVCacheGroup(**g) for g in config["kv_cache_groups"])
+    return Stream(Config(**config), requests,
                   data.get("name", default_name), data.get("description", ""),
                   tuple(sorted(set(data.get("reset_prefix_cache_steps", ())))))
 
@@ -375,10 +416,73 @@ def _config_errors(c: Config) -> list[str]:
     if not c.enable_chunked_prefill and c.max_num_batched_tokens < c.max_model_len:
         errors.append("config.max_num_batched_tokens: must be >= max_model_len when "
                       "enable_chunked_prefill is false (vLLM SchedulerConfig)")
-    needed = cdiv(c.max_model_len, c.block_size)
-    if c.num_gpu_blocks < needed:
-        errors.append(f"config.num_gpu_blocks: must be >= ceil(max_model_len / block_size) = {needed}, "
-                      "enough KV cache for one max_model_len request (vLLM start-up check)")
+    errors += _group_errors(c)
+    if c.kv_cache_groups is None:
+        needed = cdiv(c.max_model_len, c.block_size)
+        if c.num_gpu_blocks < needed:
+            errors.append(f"config.num_gpu_blocks: must be >= ceil(max_model_len / block_size) = "
+                          f"{needed}, enough KV cache for one max_model_len request "
+                          "(vLLM start-up check)")
+    elif not errors:
+        needed = sum(max_pages_per_request(g, c) for g in c.groups)
+        if c.num_gpu_blocks < needed:
+            errors.append(f"config.num_gpu_blocks: must be >= {needed}, the pages one "
+                          "max_model_len request can hold in all KV cache groups together "
+                          "(vLLM start-up check)")
+    return errors
+
+
+def max_pages_per_request(g: KVCacheGroup, c: Config) -> int:
+    """The pages vLLM's start-up check reserves for one request in one group
+    (``KVCacheSpec.max_memory_usage_bytes`` over the page size)."""
+    if g.type == "sliding_window":
+        tokens = min(g.sliding_window - 1 + c.max_num_batched_tokens, c.max_model_len)
+        return cdiv(tokens, c.block_size) + 1  # the window may start mid-page
+    if g.type == "chunked_local":
+        tokens = min(g.attention_chunk_size + c.max_num_batched_tokens, c.max_model_len)
+        return cdiv(tokens, c.block_size)
+    if g.type == "mamba":
+        return 1
+    return cdiv(c.max_model_len, c.block_size)
+
+
+def _group_errors(c: Config) -> list[str]:
+    """The KV cache groups vLLM 0.11.0 can run (kv_cache_coordinator.py refuses the rest)."""
+    if c.kv_cache_groups is None:
+        return []
+    errors = []
+    for i, g in enumerate(c.kv_cache_groups):
+        needs = GROUP_PARAMETER[g.type]
+        for param in ("sliding_window", "attention_chunk_size"):
+            given = getattr(g, param) is not None
+            if param == needs and not given:
+                errors.append(f"config.kv_cache_groups[{i}].{param}: required for type {g.type}")
+            elif param != needs and given:
+                errors.append(f"config.kv_cache_groups[{i}].{param}: only for type "
+                              f"{'sliding_window' if param == 'sliding_window' else 'chunked_local'}")
+    if errors or not c.enable_prefix_caching:
+        return errors
+    types = [g.type for g in c.kv_cache_groups]
+    if "mamba" in types:
+        errors.append("config.enable_prefix_caching: must be false with a mamba group "
+                      "(vLLM 0.11.0 turns prefix caching off for models with Mamba layers)")
+    elif "chunked_local" in types and c.uses_eagle:
+        errors.append("config.speculative_method: eagle cannot be used with a chunked_local group "
+                      "while prefix caching is on (vLLM 0.11.0 asserts it)")
+    elif len(types) > 1:
+        full = [i for i, t in enumerate(types) if t == "full"]
+        others = [g for g in c.kv_cache_groups if g.type != "full"]
+        if not full or not others:
+            errors.append("config.kv_cache_groups: with prefix caching on, several groups must be "
+                          "full attention plus one other type (vLLM 0.11.0's hybrid coordinator)")
+        elif len(set(others)) > 1:
+            errors.append("config.kv_cache_groups: with prefix caching on, the groups that are not "
+                          "full attention must all have the same type and parameter "
+                          "(vLLM 0.11.0's hybrid coordinator)")
+        elif full != list(range(len(full))) and full != list(range(len(types) - len(full), len(types))):
+            errors.append("config.kv_cache_groups: with prefix caching on, the full-attention groups "
+                          "must all come before or all after the others "
+                          "(vLLM 0.11.0's hybrid coordinator)")
     return errors
 
 

@@ -4,8 +4,9 @@ and of the releases after it as named rule changes (``reference.releases``).
 Pure standard library.  Each module mirrors one part of vLLM 0.11.0 and says
 which; read the two side by side.
 
-What it models: one full-attention KV cache group; chunked prefill (on and
-off); prefix caching with chained block hashes and ``cache_salt``; fcfs and
+What it models: KV cache groups of full, sliding-window, chunked-local and
+Mamba layers over one pool (hybrid models), with prefix hits common to all
+groups; chunked prefill (on and off); prefix caching with chained block hashes and ``cache_salt``; fcfs and
 priority policies with preemption by recomputation; speculative decoding
 (ngram without lookahead, eagle with lookahead and the dropped last hit);
 stops by ``max_tokens``, ``max_model_len``, EOS and stop tokens; aborts;
@@ -15,6 +16,5 @@ What it leaves out, because the harness never turns it on: encoders and
 multimodal inputs, encoder-decoder models, LoRA, KV connectors (P/D
 disaggregation, offloading), structured output, pooling models, async
 scheduling and output placeholders, pipeline and decode-context parallelism,
-hybrid models with several KV cache groups (sliding window, mamba), KV cache
-events, and statistics.
+cascade attention's common prefix counts, KV cache events, and statistics.
 """

@@ -6,7 +6,9 @@ vllm/v1/core/kv_cache_utils.py (KVCacheBlock, FreeKVCacheBlockQueue).
 Pages are bought once: ids ``0 .. num_blocks - 1``.  Page 0 is the null page,
 taken out of the free queue at start and never handed out or freed.  A free
 page may still be *cached*: it keeps its hash and can be hit until it is
-handed out again, at which point its hash is dropped (eviction).
+handed out again, at which point its hash is dropped (eviction).  With
+several KV cache groups a page is cached under its hash *and* its group: the
+same tokens have one page per group, and a hit needs all of them.
 
 The free queue's order is the eviction order: new pages come from the head,
 freed pages go to the tail, a cache hit on a free page cuts it out of the
@@ -21,6 +23,9 @@ from typing import Iterable
 from reference import events
 from reference.block_hash import BlockHash
 
+#: A page is cached under the hash of its tokens and the id of its KV cache group.
+CacheKey = tuple[BlockHash, int]
+
 
 class Block:
     """One KV page."""
@@ -30,7 +35,7 @@ class Block:
     def __init__(self, block_id: int):
         self.block_id = block_id
         self.ref_cnt = 0  # requests holding this page
-        self.block_hash: BlockHash | None = None  # set while the page is cached
+        self.block_hash: CacheKey | None = None  # set while the page is cached
         self.prev_free: Block | None = None
         self.next_free: Block | None = None
         self.is_null = False
@@ -105,20 +110,25 @@ class BlockPool:
         self.emit = emit
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
-        # hash -> {block_id: page}, in insertion order.  The same content can be
-        # cached in several pages: pages are never merged, so that a request's
-        # block table only ever grows.
-        self.cached: dict[BlockHash, dict[int, Block]] = {}
+        # (hash, group) -> {block_id: page}, in insertion order.  The same content
+        # can be cached in several pages: pages are never merged, so that a
+        # request's block table only ever grows.
+        self.cached: dict[CacheKey, dict[int, Block]] = {}
         self.null_block = self.free_queue.popleft_n(1)[0]
         self.null_block.is_null = True
 
     def num_free_blocks(self) -> int:
         return self.free_queue.num_free_blocks
 
-    def get_cached_block(self, block_hash: BlockHash) -> Block | None:
-        """The first page cached under this hash, if any."""
-        pages = self.cached.get(block_hash)
-        return next(iter(pages.values())) if pages else None
+    def get_cached_block(self, block_hash: BlockHash, group_ids: list[int]) -> list[Block] | None:
+        """The first page cached under this hash in each of the groups; None if a group has none."""
+        found = []
+        for group_id in group_ids:
+            pages = self.cached.get((block_hash, group_id))
+            if not pages:
+                return None
+            found.append(next(iter(pages.values())))
+        return found
 
     def get_new_blocks(self, n: int) -> list[Block]:
         """Hand out ``n`` pages from the head of the free queue, dropping stale hashes."""
@@ -160,15 +170,20 @@ class BlockPool:
         return self.num_blocks - self.num_free_blocks() == 1
 
     def cache_full_blocks(self, block_hashes: list[BlockHash], blocks: list[Block],
-                          num_cached: int, num_full: int) -> None:
-        """Index the pages ``blocks[num_cached:num_full]`` under their hashes."""
+                          num_cached: int, num_full: int, group_id: int = 0) -> None:
+        """Index the pages ``blocks[num_cached:num_full]`` of one group under their hashes.
+
+        Whatever stands there is indexed, the null page too
+        (quirks.NULL_PAGE_CACHED): a null page already indexed fails the check.
+        """
         if num_cached == num_full:
             return
         assert len(block_hashes) >= num_full
         for block, block_hash in zip(blocks[num_cached:num_full], block_hashes[num_cached:]):
             assert block.block_hash is None, f"{block} is already cached"
-            block.block_hash = block_hash
-            self.cached.setdefault(block_hash, {})[block.block_id] = block
+            key = (block_hash, group_id)
+            block.block_hash = key
+            self.cached.setdefault(key, {})[block.block_id] = block
 
     def reset_prefix_cache(self) -> bool:
         """Forget every hash; refused (False) while any page is in use."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from reference.kv_cache_spec import KVCacheSpec, full
+
 
 @dataclass(frozen=True)
 class Config:
@@ -23,12 +25,18 @@ class Config:
     policy: str = "fcfs"  # or "priority"
     num_speculative_tokens: int = 0
     use_eagle: bool = False
+    # The KV cache groups, in order; none: one full-attention group of block_size.
+    kv_cache_groups: tuple[KVCacheSpec, ...] = ()
     # Rule changes of a later release in effect (reference.releases); none: 0.11.0.
     rules: frozenset[str] = frozenset()
 
     def has(self, rule_change: str) -> bool:
         """Whether the named rule change of a later release applies."""
         return rule_change in self.rules
+
+    @property
+    def groups(self) -> tuple[KVCacheSpec, ...]:
+        return self.kv_cache_groups or (full(self.block_size),)
 
     @property
     def num_lookahead_tokens(self) -> int:

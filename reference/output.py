@@ -14,7 +14,7 @@ class NewRequestData:
     """A request scheduled for the first time: the worker gets its whole table."""
 
     req_id: str
-    block_ids: list[int]
+    block_ids: list[list[int]]  # one list per KV cache group
     num_computed_tokens: int
 
 
@@ -24,7 +24,7 @@ class CachedRequestData:
 
     req_id: str
     resumed_from_preemption: bool
-    new_block_ids: list[int] | None  # None: no new pages
+    new_block_ids: list[list[int]] | None  # one list per group; None: no new pages at all
     num_computed_tokens: int
 
 

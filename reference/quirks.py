@@ -37,6 +37,21 @@ REJECTED_DRAFTS_ALWAYS_SUBTRACTED
     count had restarted from 0 and holds only this step's grant.
     Code: scheduler.Scheduler._take_back_rejected.
 
+NULL_PAGE_CACHED
+    A sliding-window group gives back the pages that left the window and puts
+    the null page in their place, without asking whether they were cached yet.
+    With speculative decoding a page can be filled by accepted drafts (caching
+    stops at the request's real tokens when it is allocated) and leave the
+    window before the next allocation caches it -- when the window is shorter
+    than the drafts, roughly.  That allocation then indexes the null page
+    under the page's hash, and the next time the null page comes up for
+    caching, ``BlockPool.cache_full_blocks`` fails its assertion that the page
+    is not cached yet: the engine raises ``AssertionError``.  The reference
+    raises at the same step (the harness counts a crash both engines raise
+    alike as conforming, and says so).  Bundled stream:
+    sliding_window_null_page_cached.  Code: block_pool.BlockPool.cache_full_blocks,
+    group_managers.SlidingWindowManager.remove_skipped_blocks.
+
 STALE_WORKER_ROWS
     The worker's block table rows are fixed-size and not cleared when a row is
     rewritten, so a slot looked up past a row's length reads an old page id.

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from reference import events
 from reference.config import Config
-from reference.kv_cache_manager import KVCacheManager
+from reference.kv_cache_manager import KVCacheManager, block_ids
 from reference.output import CachedRequestData, NewRequestData, SchedulerOutput
 from reference.request import Request, RequestStatus, check_stop
 from reference.request_queue import RequestQueue, make_queue
@@ -40,12 +40,12 @@ class StepPlan:
     running: list[Request] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
-    new_block_ids: dict[str, list[int]] = field(default_factory=dict)
+    new_block_ids: dict[str, list[list[int]]] = field(default_factory=dict)  # one list per group
     spec_tokens: dict[str, list[int]] = field(default_factory=dict)
     # Where the pass over the running requests is.
     running_index: int = 0
 
-    def grant(self, request: Request, num_tokens: int, block_ids: list[int]) -> None:
+    def grant(self, request: Request, num_tokens: int, block_ids: list[list[int]]) -> None:
         self.num_scheduled_tokens[request.request_id] = num_tokens
         self.new_block_ids[request.request_id] = block_ids
         self.token_budget -= num_tokens
@@ -56,7 +56,8 @@ class Scheduler:
         self.config = config
         self.emit = emit
         self.kv = KVCacheManager(config.num_blocks, config.block_size, config.max_model_len,
-                                 config.enable_prefix_caching, config.use_eagle, emit)
+                                 config.enable_prefix_caching, config.use_eagle, emit,
+                                 config.groups)
         self.requests: dict[str, Request] = {}
         self.waiting = make_queue(config.policy)
         self.running: list[Request] = []
@@ -147,7 +148,7 @@ class Scheduler:
             if new_blocks is None:
                 break  # it preempted itself: nothing lower is left to preempt
             plan.running.append(request)
-            plan.grant(request, num_new, [b.block_id for b in new_blocks])
+            plan.grant(request, num_new, block_ids(new_blocks))
             plan.running_index += 1
             if request.spec_token_ids:
                 self._schedule_drafts(request, num_new, plan)
@@ -299,7 +300,7 @@ class Scheduler:
         new = [NewRequestData(r.request_id, plan.new_block_ids[r.request_id], r.num_computed_tokens)
                for r in plan.new]
         cached = [CachedRequestData(r.request_id, resumed,
-                                    plan.new_block_ids[r.request_id] or None,
+                                    none_if_empty(plan.new_block_ids[r.request_id]),
                                     r.num_computed_tokens)
                   for requests, resumed in ((plan.running, False), (plan.resumed, True))
                   for r in requests]
@@ -371,3 +372,8 @@ class Scheduler:
             if request is None or request.is_finished:
                 continue
             request.spec_token_ids = list(tokens)
+
+
+def none_if_empty(block_ids: list[list[int]]) -> list[list[int]] | None:
+    """A running request that got no new page in any group is handed None."""
+    return block_ids if any(block_ids) else None

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import ast
+import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +32,7 @@ def test_reference_imports_only_the_standard_library():
             assert name in sys.stdlib_module_names, f"{path.name} imports non-stdlib {name}"
 
 
-def test_reference_engine_runs_with_vllm_unimportable():
+def test_reference_engine_runs_with_vllm_unimportable(tmp_path):
     script = (
         "import sys\n"
         "sys.modules['vllm'] = None; sys.modules['torch'] = None\n"
@@ -37,6 +40,12 @@ def test_reference_engine_runs_with_vllm_unimportable():
         "sys.exit(main(['trace', '--engine', 'reference', 'fixtures/streams']))\n"
     )
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
+                          timeout=120, env=dict(os.environ, HARNESS_COUNTEREXAMPLES=str(tmp_path)))
+    # The reference fails exactly where vLLM 0.11.0 does (reference.quirks: NULL_PAGE_CACHED).
+    recorded = ROOT / "fixtures" / "traces" / "vllm-0.11.0"
+    vllm_crashes = {p.stem for p in recorded.glob("*.json")
+                    if json.loads(p.read_text())["verdict"] == "engine_failure"}
+    failed = set(re.findall(r"^(\S+): reference failed at step", done.stderr, re.MULTILINE))
+    assert vllm_crashes and failed == vllm_crashes, done.stderr[-2000:]
+    assert done.returncode == 1
     assert done.stdout.count("\n") == len(list((ROOT / "fixtures" / "streams").glob("*.json")))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from reference.block_pool import BlockPool
-from reference.kv_cache_manager import KVCacheManager
+from reference.kv_cache_manager import KVCacheManager, block_ids
 from reference.request import Request
 
 
@@ -37,16 +37,16 @@ def test_vllm_test_suite_fact_prefix_hits_and_free_order():
     common = list(range(48))
     a = make_request("A", common + [100 + i for i in range(7)])
     hit, n = kv.get_computed_blocks(a)
-    assert (hit, n) == ([], 0)
+    assert (hit, n) == (([],), 0)
     blocks = kv.allocate_slots(a, 55, n, hit)
-    assert [b.block_id for b in blocks] == [1, 2, 3, 4]
+    assert block_ids(blocks) == [[1, 2, 3, 4]]
     a.num_computed_tokens = 55
 
     b = make_request("B", common + [200 + i for i in range(5)])
     hit, n = kv.get_computed_blocks(b)
-    assert [blk.block_id for blk in hit] == [1, 2, 3] and n == 48
+    assert block_ids(hit) == [[1, 2, 3]] and n == 48
     blocks = kv.allocate_slots(b, 5, n, hit)
-    assert [blk.block_id for blk in blocks] == [5]
+    assert block_ids(blocks) == [[5]]
     b.num_computed_tokens = 53
 
     kv.free(a)

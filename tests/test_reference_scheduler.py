@@ -31,7 +31,7 @@ def test_seed_example_schedules_4_then_1_then_1():
     s.add_request(request("A", [1, 2, 3, 4], eos_token_id=7))
     out = s.schedule()
     assert out.num_scheduled_tokens == {"A": 4}
-    assert out.scheduled_new_reqs[0].block_ids == [1]
+    assert out.scheduled_new_reqs[0].block_ids == [[1]]  # one list per KV cache group
     s.update_from_output(out, {"A": [5]})
     out = s.schedule()
     assert out.num_scheduled_tokens == {"A": 1}

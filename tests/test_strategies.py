@@ -157,6 +157,10 @@ def rules_reached(data: dict[str, Any]) -> set[str]:
         for rid, n in rec["scheduled"]:
             if rid not in preempted_at and rec["computed_before"][rid] + n < len(by_id[rid].prompt):
                 reached.add("chunked_prefill")
+        for rid, groups in rec["new_block_ids"].items():
+            if len(groups) > 1 and rec["prefix_hit_tokens"].get(rid, 0) > 0 \
+                    and any(0 in g for g in groups):
+                reached.add("hybrid_hit_with_null_pages")
         for rid in rec["preempted"]:
             preempted_at.setdefault(rid, step)
         final.update(rec["status"])

@@ -38,7 +38,10 @@ def test_defaults():
 def test_to_json_makes_every_default_explicit():
     out = parse_stream(copy.deepcopy(MINIMAL)).to_json()
     assert set(out) == {"config", "requests"}
-    assert out["config"] == {f.name: f.default for f in fields(Config)}
+    # Every field but kv_cache_groups, which is written only when given (old streams keep
+    # their bytes and hashes).
+    assert out["config"] == {f.name: f.default for f in fields(Config)
+                             if f.name != "kv_cache_groups"}
     assert set(out["requests"][0]) == {f.name for f in fields(RequestSpec)}
     assert out["requests"][0]["max_tokens"] is None
     assert out["requests"][0]["eos_token_id"] is None
@@ -123,3 +126,14 @@ def spec(**kw) -> RequestSpec:
 ])
 def test_stop_index(kw, max_model_len, index):
     assert spec(**kw).stop_index(max_model_len) == index
+
+
+def test_kv_cache_groups_are_written_when_given_with_their_parameter_only():
+    data = copy.deepcopy(MINIMAL)
+    data["config"] = {"kv_cache_groups": [{"type": "full"},
+                                          {"type": "sliding_window", "sliding_window": 8}]}
+    out = parse_stream(data).to_json()
+    assert out["config"]["kv_cache_groups"] == [{"type": "full"},
+                                                {"type": "sliding_window", "sliding_window": 8}]
+    assert parse_stream(out).to_json() == out
+    assert parse_stream(copy.deepcopy(MINIMAL)).sha256() != parse_stream(data).sha256()

@@ -517,3 +517,68 @@ def test_default_name_comes_from_the_file_name_made_safe(tmp_path):
     dot = tmp_path / ".json"  # a dot file: its stem is ".json"
     dot.write_text(json.dumps(stream()))
     assert load_stream(dot).name == "_json"
+
+
+# ---------------------------------------------------------------------------
+# KV cache groups (hybrid models)
+# ---------------------------------------------------------------------------
+
+SW = {"type": "sliding_window", "sliding_window": 8}
+CL = {"type": "chunked_local", "attention_chunk_size": 8}
+FULL = {"type": "full"}
+MAMBA = {"type": "mamba"}
+
+
+def groups(*gs, **config) -> dict:
+    return stream({**SMALL, "num_gpu_blocks": 64, "kv_cache_groups": list(gs), **config})
+
+
+def test_hybrid_groups_parse():
+    s = parse_stream(groups(FULL, SW, SW))
+    assert [g.type for g in s.config.groups] == ["full", "sliding_window", "sliding_window"]
+
+
+@pytest.mark.parametrize("data,match", [
+    (groups({"type": "sliding_window"}),
+     r"^config\.kv_cache_groups\[0\]\.sliding_window: required for type sliding_window$"),
+    (groups({"type": "chunked_local"}),
+     r"^config\.kv_cache_groups\[0\]\.attention_chunk_size: required for type chunked_local$"),
+    (groups({"type": "full", "sliding_window": 4}),
+     r"^config\.kv_cache_groups\[0\]\.sliding_window: only for type sliding_window$"),
+    (groups({"type": "mamba", "attention_chunk_size": 4}, enable_prefix_caching=False),
+     r"^config\.kv_cache_groups\[0\]\.attention_chunk_size: only for type chunked_local$"),
+    (groups({"type": "linear"}), r"^config\.kv_cache_groups\[0\]\.type: must be \"full\" or"),
+    (groups({"type": "sliding_window", "sliding_window": 0}),
+     r"^config\.kv_cache_groups\[0\]\.sliding_window: must be > 0$"),
+    (groups(), r"^config\.kv_cache_groups: must hold at least 1 item"),
+    (groups(FULL, MAMBA), r"^config\.enable_prefix_caching: must be false with a mamba group"),
+    (groups(FULL, CL, num_speculative_tokens=2, speculative_method="eagle"),
+     r"^config\.speculative_method: eagle cannot be used with a chunked_local group"),
+    (groups(FULL, SW, FULL), r"^config\.kv_cache_groups: with prefix caching on, the "
+                             r"full-attention groups must all come before or all after"),
+    (groups(FULL, SW, CL), r"^config\.kv_cache_groups: with prefix caching on, the groups that "
+                           r"are not full attention must all have the same type and parameter"),
+    (groups(FULL, SW, {"type": "sliding_window", "sliding_window": 9}),
+     r"the groups that are not full attention must all have the same type"),
+    (groups(SW, SW), r"^config\.kv_cache_groups: with prefix caching on, several groups must be "
+                     r"full attention plus one other type"),
+    (groups(FULL, FULL), r"several groups must be full attention plus one other type"),
+    (groups(FULL, SW, num_gpu_blocks=14),
+     r"^config\.num_gpu_blocks: must be >= 15, the pages one max_model_len request can hold in "
+     r"all KV cache groups together"),
+])
+def test_bad_kv_cache_groups(data, match):
+    rejects(data, match)
+
+
+@pytest.mark.parametrize("gs", [(FULL, SW, FULL), (SW, SW), (FULL, SW, CL, MAMBA), (MAMBA,)])
+def test_any_mix_of_groups_without_prefix_caching(gs):
+    parse_stream(groups(*gs, enable_prefix_caching=False))
+
+
+def test_pool_of_every_group_type():
+    # max_model_len 32, pages of 4, budget 16: full 8; window 8: ceil(min(7 + 16, 32) / 4) + 1
+    # = 7; chunk 8: ceil(min(8 + 16, 32) / 4) = 6; mamba 1.
+    parse_stream(groups(FULL, SW, CL, MAMBA, enable_prefix_caching=False, num_gpu_blocks=22))
+    rejects(groups(FULL, SW, CL, MAMBA, enable_prefix_caching=False, num_gpu_blocks=21),
+            r"^config\.num_gpu_blocks: must be >= 22,")

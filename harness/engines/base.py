@@ -40,8 +40,9 @@ class Scheduled:
     num_outputs: dict[str, int]
     # Cached pages whose hash was dropped because they were reused, in order.
     evicted: list[int] = field(default_factory=list)
-    # {req_id: [[first_slot, last_slot_exclusive], ...]} KV slots written this step.
-    slots: dict[str, list[list[int]]] = field(default_factory=dict)
+    # {req_id: [[first_slot, last_slot_exclusive], ...]} KV slots written this step;
+    # with several KV cache groups, one such list per group.
+    slots: dict[str, list] = field(default_factory=dict)
 
 
 @dataclass
@@ -126,15 +127,16 @@ class WorkerTable(Protocol):
 
 def to_scheduled(handed: Iterable[Handed], num_scheduled_tokens: Iterable[tuple[str, int]],
                  spec_tokens: dict[str, list[int]], finished: Iterable[str],
-                 computed_before: dict[str, int], observed: Observed, worker: WorkerTable,
-                 rows: dict[str, int],
+                 computed_before: dict[str, int], observed: Observed,
+                 workers: list[WorkerTable], rows: dict[str, int],
                  sizes: Callable[[str], tuple[int, int]]) -> Scheduled:
     """One step in engine-neutral form.
 
     ``computed_before`` is every request's ``num_computed_tokens`` before the
     step; a handed request's own count replaces it.  ``sizes(req_id)`` gives
-    its ``(num_tokens, num_output_tokens)``.  The worker table is fed the
-    pages in the order the output lists them, as vLLM's model runner does.
+    its ``(num_tokens, num_output_tokens)``.  ``workers`` holds one worker
+    table per KV cache group; each is fed its group's pages in the order the
+    output lists them, as vLLM's model runner does.
     """
     computed_before = dict(computed_before)
     new_block_ids: dict[str, list[list[int]]] = {}
@@ -146,10 +148,12 @@ def to_scheduled(handed: Iterable[Handed], num_scheduled_tokens: Iterable[tuple[
         row = rows[h.req_id]
         if h.kind == RUNNING:
             if h.block_ids is not None:
-                worker.append_row(list(h.block_ids[0]), row)
+                for worker, group in zip(workers, h.block_ids):
+                    worker.append_row(list(group), row)
             continue
         admitted.append(h.req_id)
-        worker.add_row(list(h.block_ids[0]) if h.block_ids else [], row)
+        for g, worker in enumerate(workers):
+            worker.add_row(list(h.block_ids[g]) if h.block_ids else [], row)
 
     scheduled = list(num_scheduled_tokens)
     size = {rid: sizes(rid) for rid, _ in scheduled}
@@ -164,9 +168,16 @@ def to_scheduled(handed: Iterable[Handed], num_scheduled_tokens: Iterable[tuple[
         num_tokens={rid: size[rid][0] for rid, _ in scheduled},
         num_outputs={rid: size[rid][1] for rid, _ in scheduled},
         evicted=list(observed.evicted),
-        slots={rid: slot_ranges(worker.slots(rows[rid], computed_before[rid], n))
+        slots={rid: written_slots(workers, rows[rid], computed_before[rid], n)
                for rid, n in scheduled},
     )
+
+
+def written_slots(workers: list[WorkerTable], row: int, first_position: int,
+                  num_tokens: int) -> list:
+    """The slot runs of one request's new tokens: one list of runs, or one per group."""
+    per_group = [slot_ranges(w.slots(row, first_position, num_tokens)) for w in workers]
+    return per_group[0] if len(per_group) == 1 else per_group
 
 
 def slot_ranges(slots: list[int]) -> list[list[int]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from reference import events, releases
 from reference.config import Config
+from reference.kv_cache_spec import MAMBA, KVCacheSpec
 from reference.request import Request, RequestStatus
 from reference.scheduler import Scheduler
 from reference.slot_mapping import WorkerBlockTable
@@ -25,8 +26,24 @@ def reference_config(stream: Stream, rules: frozenset[str] = frozenset()) -> Con
         max_model_len=c.max_model_len, enable_chunked_prefill=c.enable_chunked_prefill,
         enable_prefix_caching=c.enable_prefix_caching,
         long_prefill_token_threshold=c.long_prefill_token_threshold, policy=c.policy,
-        num_speculative_tokens=c.num_speculative_tokens,
-        use_eagle=c.num_speculative_tokens > 0 and c.speculative_method == "eagle")
+        num_speculative_tokens=c.num_speculative_tokens, use_eagle=c.uses_eagle,
+        kv_cache_groups=() if c.kv_cache_groups is None else group_specs(c))
+
+
+def group_specs(c) -> tuple[KVCacheSpec, ...]:
+    """The stream's groups as the KV cache manager reads them (vLLM's runner derives the
+    same: attention groups use block_size; a Mamba group's page holds max_model_len
+    tokens and it keeps one extra page per speculative token)."""
+    return tuple(
+        KVCacheSpec(g.type, c.max_model_len if g.type == MAMBA else c.block_size,
+                    sliding_window=g.sliding_window, attention_chunk_size=g.attention_chunk_size,
+                    num_speculative_blocks=c.num_speculative_tokens if g.type == MAMBA else 0)
+        for g in c.groups)
+
+
+def worker_width(spec: KVCacheSpec, c) -> int:
+    """Row width of the worker's block table of one group (vLLM's MultiGroupBlockTable)."""
+    return max(cdiv(c.max_model_len, spec.block_size), 1 + c.num_speculative_tokens)
 
 
 class Recorder:
@@ -67,8 +84,8 @@ class ReferenceEngine:
         self.sched = Scheduler(self.config, self.recorder)
         self.requests: dict[str, Request] = {}
         self.rows: dict[str, int] = {}
-        self.worker = WorkerBlockTable(self.config.block_size,
-                                       cdiv(self.config.max_model_len, self.config.block_size))
+        self.workers = [WorkerBlockTable(spec.block_size, worker_width(spec, stream.config))
+                        for spec in self.config.groups]
 
     def reset_prefix_cache(self) -> bool:
         return self.sched.reset_prefix_cache()
@@ -97,16 +114,15 @@ class ReferenceEngine:
         self.recorder.clear()
         out = self.sched.schedule()
         self._last_output = out
-        handed = [Handed(d.req_id, NEW, [list(d.block_ids)], d.num_computed_tokens)
+        handed = [Handed(d.req_id, NEW, d.block_ids, d.num_computed_tokens)
                   for d in out.scheduled_new_reqs]
         handed += [Handed(d.req_id, RESUMED if d.resumed_from_preemption else RUNNING,
-                          None if d.new_block_ids is None else [list(d.new_block_ids)],
-                          d.num_computed_tokens)
+                          d.new_block_ids, d.num_computed_tokens)
                    for d in out.scheduled_cached_reqs]
         reqs = self.requests
         return to_scheduled(
             handed, out.num_scheduled_tokens.items(), out.scheduled_spec_decode_tokens,
-            out.finished_req_ids, before, self.recorder.observed, self.worker, self.rows,
+            out.finished_req_ids, before, self.recorder.observed, self.workers, self.rows,
             lambda rid: (reqs[rid].num_tokens, reqs[rid].num_output_tokens))
 
     def update(self, scheduled: Scheduled, sampled: dict[str, list[int]]) -> None:

@@ -32,8 +32,9 @@ from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.v1.core.kv_cache_utils import (get_request_block_hasher,  # noqa: E402
                                          init_none_hash)
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.kv_cache_interface import (FullAttentionSpec,  # noqa: E402
-                                        KVCacheConfig, KVCacheGroupSpec)
+from vllm.v1.kv_cache_interface import (ChunkedLocalAttentionSpec,  # noqa: E402
+                                        FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
+                                        MambaSpec, SlidingWindowSpec)
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
@@ -72,14 +73,20 @@ class SpeculativeStandIn:
 
 
 class WorkerTable:
-    """vLLM's own worker ``BlockTable`` on the CPU, behind the harness's WorkerTable."""
+    """vLLM's own worker ``BlockTable`` on the CPU, behind the harness's WorkerTable.
 
-    def __init__(self, c: Config, num_requests: int):
+    One per KV cache group, as vLLM's ``MultiGroupBlockTable`` holds them: a
+    row is wide enough for ``max_model_len`` tokens or ``1 + num_speculative_tokens``
+    pages, whichever is more.
+    """
+
+    def __init__(self, c: Config, block_size: int, num_requests: int):
         self.table = BlockTable(
-            block_size=c.block_size, max_num_reqs=num_requests,
-            max_num_blocks_per_req=cdiv(c.max_model_len, c.block_size),
+            block_size=block_size, max_num_reqs=num_requests,
+            max_num_blocks_per_req=max(cdiv(c.max_model_len, block_size),
+                                       1 + c.num_speculative_tokens),
             max_num_batched_tokens=c.max_num_batched_tokens,
-            pin_memory=False, device=torch.device("cpu"), **compat.block_table_kwargs(c.block_size))
+            pin_memory=False, device=torch.device("cpu"), **compat.block_table_kwargs(block_size))
 
     def add_row(self, block_ids: list[int], row: int) -> None:
         self.table.add_row(block_ids, row)
@@ -133,17 +140,44 @@ def build_scheduler(c: Config) -> Scheduler:
     wanted = (c.max_num_batched_tokens, c.block_size, c.enable_chunked_prefill, c.max_model_len)
     if effective != wanted:
         raise RuntimeError(f"vLLM changed the config: wanted {wanted}, got {effective}")
-    # The model as vLLM reads it (a config may lack num_key_value_heads or give head_dim).
-    pc = vc.parallel_config
-    spec = FullAttentionSpec(block_size=c.block_size, num_kv_heads=mc.get_num_kv_heads(pc),
-                             head_size=mc.get_head_size(), dtype=mc.dtype)
-    kv_config = KVCacheConfig(
-        num_blocks=c.num_gpu_blocks, kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec([f"layers.{i}" for i in range(mc.get_num_layers(pc))],
-                                          spec)])
-    return Scheduler(vllm_config=vc, kv_cache_config=kv_config,
+    return Scheduler(vllm_config=vc, kv_cache_config=kv_cache_config(c, vc),
                      structured_output_manager=StructuredOutputManager(vc), log_stats=False,
                      **compat.scheduler_kwargs(vc))
+
+
+def kv_cache_config(c: Config, vc: VllmConfig) -> KVCacheConfig:
+    """The scheduler's KVCacheConfig: one KVCacheGroupSpec per stream group, in order.
+
+    Without ``kv_cache_groups`` it is the model's one full-attention group, with
+    the model's KV heads, head size and dtype as vLLM reads them.  A hybrid
+    stream names its groups itself; each gets two layer names of its own.  A
+    Mamba group's state shape is a stand-in (one float): the scheduler reads
+    only its block size (``max_model_len``, as vLLM's model runner sets it) and
+    ``num_speculative_blocks`` (the runner sets ``num_speculative_tokens``).
+    """
+    mc, pc = vc.model_config, vc.parallel_config
+    attention = dict(block_size=c.block_size, num_kv_heads=mc.get_num_kv_heads(pc),
+                     head_size=mc.get_head_size(), dtype=mc.dtype)
+    if c.kv_cache_groups is None:
+        return KVCacheConfig(
+            num_blocks=c.num_gpu_blocks, kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec(
+                [f"layers.{i}" for i in range(mc.get_num_layers(pc))],
+                FullAttentionSpec(**attention))])
+    groups = []
+    for i, g in enumerate(c.kv_cache_groups):
+        if g.type == "full":
+            spec = FullAttentionSpec(**attention)
+        elif g.type == "sliding_window":
+            spec = SlidingWindowSpec(**attention, sliding_window=g.sliding_window)
+        elif g.type == "chunked_local":
+            spec = ChunkedLocalAttentionSpec(**attention,
+                                             attention_chunk_size=g.attention_chunk_size)
+        else:
+            spec = MambaSpec(shapes=((1,),), dtypes=(torch.float32,), block_size=c.max_model_len,
+                             num_speculative_blocks=c.num_speculative_tokens)
+        groups.append(KVCacheGroupSpec([f"layers.{2 * i}", f"layers.{2 * i + 1}"], spec))
+    return KVCacheConfig(num_blocks=c.num_gpu_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
 
 
 class VllmEngine:
@@ -165,7 +199,8 @@ class VllmEngine:
             self.hasher = get_request_block_hasher(c.block_size, hash_fn)
         self.requests: dict[str, Request] = {}
         self.rows: dict[str, int] = {}
-        self.worker = WorkerTable(c, len(stream.requests))
+        self.workers = [WorkerTable(c, g.kv_cache_spec.block_size, len(stream.requests))
+                        for g in self.sched.kv_cache_config.kv_cache_groups]
         self._install_hooks()
 
     # -- hooks -------------------------------------------------------------
@@ -245,7 +280,7 @@ class VllmEngine:
         reqs = self.requests
         return to_scheduled(
             handed, out.num_scheduled_tokens.items(), out.scheduled_spec_decode_tokens,
-            out.finished_req_ids, before, self._observed, self.worker, self.rows,
+            out.finished_req_ids, before, self._observed, self.workers, self.rows,
             lambda rid: (reqs[rid].num_tokens, reqs[rid].num_output_tokens))
 
     def update(self, scheduled: Scheduled, sampled: dict[str, list[int]]) -> None:

@@ -11,13 +11,16 @@ from __future__ import annotations
 import dataclasses
 import heapq
 
-from harness.patches import (BLOCK_POOL, KV_CACHE_MANAGER, KV_CACHE_UTILS, MODEL_CONFIG,
+from harness.patches import (BLOCK_POOL, KV_CACHE_COORDINATOR, KV_CACHE_MANAGER, KV_CACHE_UTILS,
+                             MODEL_CONFIG,
                              REQUEST, REQUEST_QUEUE, SCHED_UTILS, SCHEDULER, SINGLE_TYPE,
                              WORKER_BLOCK_TABLE, Mutant, replace)
 from harness.patches import HYBRID_MODEL_CONFIG, KV_CACHE_INTERFACE, VLLM_CONFIG
 from reference import block_hash as rhash
 from reference import block_pool as rbp
 from reference import config as rconfig
+from reference import group_managers as rgm
+from reference import kv_cache_coordinator as rkc
 from reference import kv_cache_manager as rkv
 from reference import kv_sizing as rkvs
 from reference import kv_sizing_hybrid as rkvh
@@ -100,10 +103,48 @@ def priority_drafts(c) -> bool:
     return priority(c) and drafts(c)
 
 
+def _has_group(c, kind: str) -> bool:
+    return any(g.type == kind for g in c.groups)
+
+
+def sliding(c) -> bool:
+    return _has_group(c, "sliding_window")
+
+
+def chunked_local(c) -> bool:
+    return _has_group(c, "chunked_local")
+
+
+def mamba_drafts(c) -> bool:
+    return _has_group(c, "mamba") and drafts(c)
+
+
+def several_groups(c) -> bool:
+    return len(c.groups) > 1
+
+
+def hybrid_caching(c) -> bool:
+    return caching(c) and several_groups(c)
+
+
+def sliding_caching(c) -> bool:
+    return sliding(c) and caching(c)
+
+
+def sliding_drafts_caching(c) -> bool:
+    return sliding_caching(c) and drafts(c)
+
+
+def chunked_local_caching(c) -> bool:
+    return chunked_local(c) and caching(c)
+
+
+
+
 # -- the block pool and the KV cache manager --------------------------------------------
 
 @mutant("free_forward_order", "a request's pages are freed tail first", SINGLE_TYPE,
-        replaces=(rkv.KVCacheManager, "free_order"))
+        replaces=(rgm.GroupManager, "free_order"))
 def _head_first(self, table):
     return table
 
@@ -120,19 +161,23 @@ def _whole_request(self, request):
     return request.num_tokens
 
 
-_longest_cache_hit = rkv.KVCacheManager.longest_cache_hit
+_full_hit = rgm.FullAttentionManager.find_longest_cache_hit.__func__
 
 
-@mutant("hit_on_partial_block", "prefix hits cover whole pages within num_tokens - 1", SINGLE_TYPE,
-        replaces=(rkv.KVCacheManager, "longest_cache_hit"), applies=caching)
-def _rounded_up_to_a_page(self, block_hashes, max_length):
-    return _longest_cache_hit(self, block_hashes,
-                              rkv.cdiv(max_length, self.block_size) * self.block_size)
+def _rounded_up_to_a_page(cls, block_hashes, max_length, group_ids, pool, spec, use_eagle):
+    rounded = rgm.cdiv(max_length, spec.block_size) * spec.block_size
+    return _full_hit(cls, block_hashes[:rounded // spec.block_size], rounded, group_ids, pool,
+                     spec, use_eagle)
+
+
+register("hit_on_partial_block", "prefix hits cover whole pages within num_tokens - 1",
+         SINGLE_TYPE, replaces=(rgm.FullAttentionManager, "find_longest_cache_hit"),
+         new=classmethod(_rounded_up_to_a_page), applies=caching)
 
 
 @mutant("eagle_keeps_last_hit", "eagle drops the last hit page", SINGLE_TYPE,
-        replaces=(rkv.KVCacheManager, "trim_hit_for_eagle"), applies=eagle_and_caching)
-def _keep_every_hit(self, hit):
+        replaces=(rgm, "trim_hit_for_eagle"), applies=eagle_and_caching)
+def _keep_every_hit(hits, use_eagle):
     return None
 
 
@@ -152,7 +197,7 @@ _extend_block_hashes = rhash.extend_block_hashes
 
 
 @mutant("cache_draft_tokens", "only real tokens are cached, never drafts", KV_CACHE_MANAGER,
-        replaces=(rkv.KVCacheManager, "cache_blocks"), applies=drafts_and_caching)
+        replaces=(rgm.GroupManager, "cache_blocks"), applies=drafts_and_caching)
 def _cache_with_drafts(self, request, num_tokens):
     # Treat drafts as final: hash and cache the pages they fill too.
     tokens = request.all_token_ids + request.spec_token_ids
@@ -160,12 +205,13 @@ def _cache_with_drafts(self, request, num_tokens):
     _extend_block_hashes(hashes, tokens, self.block_size, request.cache_salt)
     num_full = min(num_tokens + len(request.spec_token_ids), len(tokens)) // self.block_size
     num_cached = self.num_cached_block[request.request_id]
-    self.pool.cache_full_blocks(hashes, self.req_to_blocks[request.request_id], num_cached, num_full)
+    self.pool.cache_full_blocks(hashes, self.table(request.request_id), num_cached, num_full,
+                                self.group_id)
     self.num_cached_block[request.request_id] = max(num_full, num_cached)
 
 
 @mutant("free_hits_not_counted", "prefix hits on free pages count as pages to allocate",
-        SINGLE_TYPE, replaces=(rkv.KVCacheManager, "free_hit_pages"), applies=caching)
+        SINGLE_TYPE, replaces=(rgm.GroupManager, "free_hit_pages"), applies=caching)
 def _no_free_hits(self, hit):
     return 0
 
@@ -177,6 +223,138 @@ def _keep_hash(self, block):
 
 
 _pool_init = rbp.BlockPool.__init__
+
+
+# -- hybrid models: the per-type managers and the coordinator ------------------------------
+
+_window_pages = rgm.window_pages
+
+
+@mutant("window_pages_whole_window", "a sliding-window hit needs the pages of sliding_window - 1 "
+        "tokens", SINGLE_TYPE, replaces=(rgm, "window_pages"), applies=sliding_caching)
+def _pages_of_whole_window(spec):
+    return rgm.cdiv(spec.sliding_window, spec.block_size)
+
+
+def _leading_run_only(cls, block_hashes, max_length, group_ids, pool, spec, use_eagle):
+    # Search from the left like full attention: the leading cached run, nothing from the right.
+    return rgm.FullAttentionManager.find_longest_cache_hit.__func__(
+        cls, block_hashes, max_length, group_ids, pool, spec, use_eagle)
+
+
+register("window_hit_from_left", "sliding-window hits are searched from the right", SINGLE_TYPE,
+         replaces=(rgm.SlidingWindowManager, "find_longest_cache_hit"),
+         new=classmethod(_leading_run_only), applies=sliding_caching)
+
+
+@mutant("window_pages_kept", "pages that leave the sliding window are freed", SINGLE_TYPE,
+        replaces=(rgm.SlidingWindowManager, "remove_skipped_blocks"), applies=sliding)
+def _keep_window_pages(self, request_id, num_computed_tokens):
+    return None
+
+
+@mutant("window_edge_off_by_one", "the window of the next token holds sliding_window tokens, "
+        "itself included", SINGLE_TYPE, replaces=(rgm.SlidingWindowManager,
+                                                  "remove_skipped_blocks"), applies=sliding)
+def _window_one_token_shorter(self, request_id, num_computed_tokens):
+    self.null_out_before(request_id,
+                         (num_computed_tokens - self.spec.sliding_window + 2) // self.block_size)
+
+
+def _hit_from_the_start(cls, block_hashes, max_length, group_ids, pool, spec, use_eagle):
+    return rgm.FullAttentionManager.find_longest_cache_hit.__func__(
+        cls, block_hashes, max_length, group_ids, pool, spec, use_eagle)
+
+
+register("chunk_hit_from_start", "a chunked-local hit starts at the chunk of the next token",
+         SINGLE_TYPE, replaces=(rgm.ChunkedLocalAttentionManager, "find_longest_cache_hit"),
+         new=classmethod(_hit_from_the_start), applies=chunked_local_caching)
+
+
+@mutant("chunk_pages_kept", "pages of earlier chunks are freed", SINGLE_TYPE,
+        replaces=(rgm.ChunkedLocalAttentionManager, "remove_skipped_blocks"),
+        applies=chunked_local)
+def _keep_chunk_pages(self, request_id, num_computed_tokens):
+    return None
+
+
+@mutant("chunk_frees_last_cached_page", "chunked local attention keeps the last cached page",
+        SINGLE_TYPE, replaces=(rgm.ChunkedLocalAttentionManager, "remove_skipped_blocks"),
+        applies=chunked_local_caching)
+def _free_the_last_cached_page_too(self, request_id, num_computed_tokens):
+    chunk = self.spec.attention_chunk_size
+    self.null_out_before(request_id, num_computed_tokens // chunk * chunk // self.block_size)
+
+
+@mutant("mamba_draft_pages_ignored", "a Mamba group keeps one extra page per speculative token",
+        SINGLE_TYPE, replaces=(rgm.MambaManager, "slots_needed"), applies=mamba_drafts)
+def _one_state_page(self, num_tokens):
+    return num_tokens
+
+
+_hybrid_hit = rkc.KVCacheCoordinator.hybrid_hit
+
+
+@mutant("hybrid_full_hit_not_cut", "the full-attention hit is cut to the other groups' hit",
+        KV_CACHE_COORDINATOR, replaces=(rkc.KVCacheCoordinator, "hybrid_hit"),
+        applies=hybrid_caching)
+def _full_hit_kept_whole(self, block_hashes, max_length):
+    full = self.managers[self.full_ids[0]]
+    other = self.managers[self.other_ids[0]]
+    full_hits = full.find_longest_cache_hit(block_hashes, max_length, self.full_ids, self.pool,
+                                            full.spec, self.use_eagle)
+    hit_length = len(full_hits[0]) * full.block_size
+    other_hits = other.find_longest_cache_hit(block_hashes, hit_length, self.other_ids,
+                                              self.pool, other.spec, self.use_eagle)
+    return rkc.merge_in_group_order(self.full_ids, full_hits, self.other_ids, other_hits), \
+        len(other_hits[0]) * other.block_size
+
+
+@mutant("hybrid_other_hit_unbounded", "the other groups' hit is searched within the full hit",
+        KV_CACHE_COORDINATOR, replaces=(rkc.KVCacheCoordinator, "hybrid_hit"),
+        applies=hybrid_caching)
+def _other_hit_over_the_whole_prompt(self, block_hashes, max_length):
+    full = self.managers[self.full_ids[0]]
+    other = self.managers[self.other_ids[0]]
+    other_hits = other.find_longest_cache_hit(block_hashes, max_length, self.other_ids,
+                                              self.pool, other.spec, self.use_eagle)
+    hit_length = len(other_hits[0]) * other.block_size
+    full_hits = full.find_longest_cache_hit(block_hashes, hit_length, self.full_ids,
+                                            self.pool, full.spec, self.use_eagle)
+    hit_length = len(full_hits[0]) * full.block_size
+    for hit in other_hits:
+        del hit[hit_length // other.block_size:]
+    return rkc.merge_in_group_order(self.full_ids, full_hits, self.other_ids, other_hits), \
+        hit_length
+
+
+@mutant("groups_freed_last_first", "a request's groups are freed in group order",
+        KV_CACHE_COORDINATOR, replaces=(rkc.KVCacheCoordinator, "free"), applies=several_groups)
+def _free_last_group_first(self, request_id):
+    for m in reversed(self.managers):
+        m.free(request_id)
+
+
+_cache_full_blocks = rbp.BlockPool.cache_full_blocks
+
+
+@mutant("null_page_never_cached", "0.11.0 indexes a null page that took an uncached page's place",
+        BLOCK_POOL, replaces=(rbp.BlockPool, "cache_full_blocks"), quirk="NULL_PAGE_CACHED",
+        applies=sliding_drafts_caching)
+def _skip_null_pages(self, block_hashes, blocks, num_cached, num_full, group_id=0):
+    for block, block_hash in zip(blocks[num_cached:num_full], block_hashes[num_cached:]):
+        if not block.is_null:
+            _cache_full_blocks(self, [block_hash], [block], 0, 1, group_id)
+
+
+_get_cached_block = rbp.BlockPool.get_cached_block
+
+
+@mutant("cache_key_without_group", "a page is cached under its hash and its group", BLOCK_POOL,
+        replaces=(rbp.BlockPool, "get_cached_block"), applies=hybrid_caching)
+def _any_group_s_page(self, block_hash, group_ids):
+    # Look up the first group's key for every group: another group's page can be hit.
+    return _get_cached_block(self, block_hash, [group_ids[0]] * len(group_ids))
 
 
 @mutant("no_null_block", "page 0 is the null page, never handed out", BLOCK_POOL,

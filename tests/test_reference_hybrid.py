@@ -1,0 +1,153 @@
+"""The reference's per-type managers and hybrid coordinator, on the facts vLLM 0.11.0's
+own tests pin (tests/v1/core/test_single_type_kv_cache_manager.py and
+test_prefix_caching.py, restated here on the reference; no vLLM needed)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from reference.block_pool import Block, BlockPool
+from reference.group_managers import (ChunkedLocalAttentionManager, SlidingWindowManager,
+                                      manager_for)
+from reference.kv_cache_manager import KVCacheManager, block_ids
+from reference.kv_cache_spec import CHUNKED_LOCAL, FULL, SLIDING_WINDOW, KVCacheSpec
+from reference.request import Request
+
+
+def cached_pool(pattern: list[bool]) -> tuple[BlockPool, list[bytes]]:
+    """A pool where hash i is cached (group 0) in page i + 10 when pattern[i]."""
+    pool = BlockPool(100, enable_caching=True)
+    hashes = [bytes([i]) for i in range(len(pattern))]
+    for i, cached in enumerate(pattern):
+        if cached:
+            pool.cache_full_blocks([hashes[i]], [pool.blocks[i + 10]], 0, 1, group_id=0)
+    return pool, hashes
+
+
+SLIDING_CASES = [
+    ([False] * 10, 0), ([True], 1), ([True, False], 1), ([True, True], 2),
+    ([True, True, False], 2), ([True, True, True], 3), ([True, True, True, False], 3),
+    ([True, True, False, True, False, False, True, True, False, True, True, True], 12),
+    ([True, True, False, True, False, False, True, True, False, False, False], 8),
+    ([True, True, False, True, False, False, True, True, False, False, False, True], 8),
+]
+
+
+@pytest.mark.parametrize("pattern,expect", SLIDING_CASES)
+def test_sliding_window_hit_is_found_from_the_right(pattern, expect):
+    spec = KVCacheSpec(SLIDING_WINDOW, 2, sliding_window=4)  # 2 pages back to back
+    pool, hashes = cached_pool(pattern)
+    hit = SlidingWindowManager.find_longest_cache_hit(hashes, len(pattern) * 2, [0], pool, spec,
+                                                      use_eagle=False)[0]
+    assert len(hit) == expect
+    assert all(b is pool.null_block for b in hit[:expect - 2])
+    assert [b.block_id for b in hit[max(0, expect - 2):]] == \
+        [i + 10 for i in range(max(0, expect - 2), expect)]
+
+
+def _random_prefix(n: int) -> list[bool]:
+    return [random.Random(n).random() < 0.5 for _ in range(n)]
+
+
+CHUNKED_CASES = [
+    ([True], 0, 1), ([True], 1, 1), ([True, False], 0, 2), ([True, False], 1, 2),
+    ([True, True], 0, 2), ([True, True], 1, 2), ([True, True, False], 0, 2),
+    ([True, True, False], 1, 2), ([True, True, True], 0, 3), ([True, True, True], 1, 3),
+    ([True, True, True, False], 0, 4), ([True, True, True, False], 1, 4),
+    (_random_prefix(8) + [True], 1, 9), (_random_prefix(8) + [False], 1, 8),
+    (_random_prefix(8) + [True, True], 1, 10), (_random_prefix(8) + [True, False], 0, 10),
+    (_random_prefix(8) + [True, False], 1, 10), (_random_prefix(8) + [False, True], 0, 10),
+    (_random_prefix(8) + [False, True], 1, 10), (_random_prefix(8) + [False, False], 0, 10),
+    (_random_prefix(8) + [False, False], 1, 10),
+]
+
+
+@pytest.mark.parametrize("pattern,tail,expect", CHUNKED_CASES)
+def test_chunked_local_hit_counts_earlier_chunks_as_null(pattern, tail, expect):
+    spec = KVCacheSpec(CHUNKED_LOCAL, 2, attention_chunk_size=4)
+    pool, hashes = cached_pool(pattern)
+    hit = ChunkedLocalAttentionManager.find_longest_cache_hit(
+        hashes, len(pattern) * 2 + tail, [0], pool, spec, use_eagle=False)[0]
+    assert len(hit) == expect
+    assert all(b is pool.null_block for b in hit[:(expect - 1) // 2])
+
+
+def table_of(manager, n: int = 11) -> list:
+    """A table of n standalone pages (ids 1000..), as vLLM's test builds it."""
+    table = manager.table("r")
+    table.extend(Block(1000 + i) for i in range(n))
+    manager.num_cached_block["r"] = 0
+    return table
+
+
+@pytest.mark.parametrize("computed,nulls", [(0, 0), (4, 0), (5, 1), (6, 1), (7, 2), (11, 4)])
+def test_sliding_window_frees_pages_that_left_the_window(computed, nulls):
+    pool = BlockPool(2000, enable_caching=True)
+    manager = manager_for(KVCacheSpec(SLIDING_WINDOW, 2, sliding_window=4), pool, 0)
+    table = table_of(manager)
+    manager.remove_skipped_blocks("r", computed)
+    assert [b.block_id for b in table] == [0] * nulls + list(range(1000 + nulls, 1011))
+
+
+@pytest.mark.parametrize("computed,nulls", [(0, 0), (4, 2), (6, 2), (12, 6)])
+def test_chunked_local_frees_pages_of_earlier_chunks(computed, nulls):
+    pool = BlockPool(2000, enable_caching=True)
+    manager = manager_for(KVCacheSpec(CHUNKED_LOCAL, 2, attention_chunk_size=4), pool, 0)
+    table = table_of(manager)
+    manager.remove_skipped_blocks("r", computed)
+    assert [b.block_id for b in table] == [0] * nulls + list(range(1000 + nulls, 1011))
+
+
+def test_chunked_local_keeps_the_last_cached_page():
+    pool = BlockPool(2000, enable_caching=True)
+    manager = manager_for(KVCacheSpec(CHUNKED_LOCAL, 2, attention_chunk_size=4), pool, 0)
+    table = table_of(manager)
+    manager.num_cached_block["r"] = 2  # pages 0 and 1 are cached: page 1 stays
+    manager.remove_skipped_blocks("r", 12)
+    assert [b.block_id for b in table[:3]] == [0, 1001, 1002]
+
+
+@pytest.mark.parametrize("kind,param", [(SLIDING_WINDOW, "sliding_window"),
+                                        (CHUNKED_LOCAL, "attention_chunk_size")])
+def test_free_hit_pages_count_and_null_pages_do_not(kind, param):
+    pool = BlockPool(100, enable_caching=True)
+    manager = manager_for(KVCacheSpec(kind, 2, **{param: 4}), pool, 0)
+    free_hits = pool.blocks[10:20]
+    assert manager.pages_to_allocate("r", 40, free_hits) == 20
+    assert manager.pages_to_allocate("r", 40, [pool.null_block] * 5 + free_hits[:5]) == 15
+
+
+def request(rid: str, prompt: list[int]) -> Request:
+    return Request(request_id=rid, prompt_token_ids=prompt, max_tokens=8, arrival_time=0.0,
+                   hash_block_size=16)
+
+
+def test_hybrid_hit_of_vllm_test_prefill_hybrid_model():
+    groups = (KVCacheSpec(FULL, 16), KVCacheSpec(SLIDING_WINDOW, 16, sliding_window=32),
+              KVCacheSpec(SLIDING_WINDOW, 16, sliding_window=32))
+    kv = KVCacheManager(21, 16, max_model_len=8192, enable_caching=True, use_eagle=False,
+                        groups=groups)
+    common = [0] * 16 + [1] * 16 + [2] * 16
+    a = request("0", common + [3] * 7)
+    hits, n = kv.get_computed_blocks(a)
+    assert n == 0
+    assert block_ids(kv.allocate_slots(a, 55, n, hits)) == [[1, 2, 3, 4], [5, 6, 7, 8],
+                                                            [9, 10, 11, 12]]
+    b = request("1", common + [3] * 5)
+    hits, n = kv.get_computed_blocks(b)
+    assert block_ids(hits) == [[1, 2, 3], [0, 6, 7], [0, 10, 11]] and n == 48
+    assert block_ids(kv.allocate_slots(b, 5, n, hits)) == [[13], [14], [15]]
+    assert all(blk.ref_cnt == 2 for hit in hits for blk in hit if not blk.is_null)
+
+
+def test_eagle_needs_one_window_page_more_and_drops_it():
+    groups = (KVCacheSpec(SLIDING_WINDOW, 16, sliding_window=16),)
+    kv = KVCacheManager(10, 16, max_model_len=8192, enable_caching=True, use_eagle=True,
+                        groups=groups)
+    a = request("a", [0] * 37)
+    kv.allocate_slots(a, 37)
+    kv.free(a)
+    hits, n = kv.get_computed_blocks(request("b", [0] * 37))
+    assert n == 16 and len(hits[0]) == 1
