@@ -1,5 +1,5 @@
 """``python -m harness`` (or ``vllm-conformance``): trace, check, table, record, replay,
-fuzz, reach, mutants, conformance, bench.
+fuzz, coverage, reach, mutants, conformance, bench.
 
 Exit codes:
 
@@ -154,6 +154,11 @@ def cmd_fuzz(ns) -> int:
     return fuzz(examples=ns.examples, seed=ns.seed, profile=ns.profile, as_json=ns.json)
 
 
+def cmd_coverage(ns) -> int:
+    from harness.code_coverage import coverage_command
+    return coverage_command(ns.examples, ns.seed, ns.profile, ns.missing, ns.json)
+
+
 def cmd_reach(ns) -> int:
     """The rule report: how many streams of a profile reach each named rule."""
     import json
@@ -260,6 +265,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hypothesis profile (default: ci when a CI system is detected, else dev)")
     f.add_argument("--json", action="store_true", help="the result as one JSON object")
     f.set_defaults(func=cmd_fuzz)
+
+    cv = sub.add_parser("coverage", help="a fuzz campaign under coverage.py: the share of "
+                                         "vLLM's v1/core it executes, per file")
+    cv.add_argument("--examples", type=positive_int, default=1000)
+    cv.add_argument("--seed", type=int, default=0)
+    cv.add_argument("--profile", choices=("ci", "dev", "nightly"), default=None)
+    cv.add_argument("--missing", action="store_true", help="list the lines never run, per file")
+    cv.add_argument("--json", action="store_true", help="the result as one JSON object")
+    cv.set_defaults(func=cmd_coverage)
 
     r = sub.add_parser("reach", help="the rule report: streams of a profile that reach each "
                                      "named rule (its mutant changes their trace)")

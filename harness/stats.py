@@ -2,7 +2,9 @@
 
 The counters say how often each rule of the scheduler was exercised, so a
 campaign that never preempted, never hit the prefix cache or never rejected a
-draft says so instead of passing quietly.
+draft says so instead of passing quietly.  ``vllm_crashes`` counts the
+streams on which vLLM raised and the reference raised alike (a campaign only
+goes on past a crash the reference reproduces).
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ class Stats:
     KEYS = ("streams", "steps", "preemptions_fcfs", "preemptions_priority", "prefix_hits",
             "hits_after_preemption", "evictions", "chunked_prefills", "spec_tokens",
             "spec_rejections", "aborted_waiting", "aborted_running", "aborted_preempted",
-            "max_steps_verdicts")
+            "hybrid_streams", "null_pages_handed", "max_steps_verdicts", "vllm_crashes")
+    # Counters that may stay at 0 in a healthy campaign.
+    OPTIONAL = ("max_steps_verdicts", "vllm_crashes")
 
     def __init__(self) -> None:
         self.counts = dict.fromkeys(self.KEYS, 0)
@@ -29,6 +33,10 @@ class Stats:
         c["streams"] += 1
         c["steps"] += len(trace["steps"])
         c["max_steps_verdicts"] += trace["verdict"] == "max_steps"
+        c["vllm_crashes"] += trace["verdict"] == "engine_failure"
+        groups = stream["config"].get("kv_cache_groups")
+        hybrid = groups is not None and groups != [{"type": "full"}]
+        c["hybrid_streams"] += hybrid
         preempted_once: set[str] = set()
         last_status: dict[str, str] = {}
         for step in trace["steps"]:
@@ -38,6 +46,9 @@ class Stats:
                     c["prefix_hits"] += 1
                     c["hits_after_preemption"] += rid in preempted_once
             preempted_once.update(step["preempted"])
+            if hybrid:  # pages a window or chunk gave back, as the null page in a handed table
+                c["null_pages_handed"] += sum(group.count(0) for groups in
+                                              step["new_block_ids"].values() for group in groups)
             c["evictions"] += len(step["evicted"])
             for rid, n in step["scheduled"]:
                 before = step["computed_before"][rid]
@@ -55,7 +66,7 @@ class Stats:
                 last_status[rid] = status
 
     def unreached(self) -> list[str]:
-        return [k for k, v in self.counts.items() if v == 0 and k != "max_steps_verdicts"]
+        return [k for k, v in self.counts.items() if v == 0 and k not in self.OPTIONAL]
 
     def summary(self) -> str:
         return "  ".join(f"{k}={v}" for k, v in self.counts.items())

@@ -822,7 +822,7 @@ def window_hit_streams(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
     """Prefix hits on hybrid models whose windows have slid: full-attention groups plus
     sliding-window (or, one time in four, chunked-local) groups, prefix caching on.
 
-    Requests arrive one after another over 12 steps and reuse each other's
+    Requests arrive one after another over 10 steps and reuse each other's
     tokens -- shared prefixes, an earlier prompt + output, or its first tokens
     -- in a pool of 0-3 spare pages: the pages a window let go of mid-request
     are evicted first, so later hits must be found from the right, and the
@@ -834,7 +834,7 @@ def window_hit_streams(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
     """
     config = _window_hit_configs()
     return streams(**_with(dict(config=config, min_requests=3, max_requests=8,
-                                shared_prefixes="always", cut_earlier=True, max_arrival_step=12,
+                                shared_prefixes="always", cut_earlier=True, max_arrival_step=10,
                                 max_prompt_len=40, max_output_len=12, aborts=False,
                                 cache_salts=False, prompt_logprobs=False, resets=False), knobs))
 

@@ -37,7 +37,7 @@ LAYERS: list[tuple[str, ...]] = [
     # campaigns and the mutant hunt
     ("campaign", "reach", "upgrade"),
     # the upgrade check from the base environment
-    ("upgrade_check", "mutants.hunt"),
+    ("upgrade_check", "mutants.hunt", "code_coverage"),
     # the main job
     ("conformance_job",),
     # the command line

@@ -76,7 +76,17 @@ def test_strategy_generates_valid_streams(name, data):
 def test_configs_are_valid(config):
     parse_stream({"config": config, "requests": [{"id": "a", "prompt": [1], "output": [2],
                                                   "max_tokens": 1}]})
+    # Every field; kv_cache_groups only for hybrid configs.
+    assert set(config) == set(Config.__dataclass_fields__) - {"kv_cache_groups"}
+
+
+@VALIDITY
+@given(config=S.configs(hybrid=True))
+def test_hybrid_configs_are_valid(config):
+    parse_stream({"config": config, "requests": [{"id": "a", "prompt": [1], "output": [2],
+                                                  "max_tokens": 1}]})
     assert set(config) == set(Config.__dataclass_fields__)
+    assert 1 <= len(config["kv_cache_groups"]) <= 5
 
 
 @settings(VALIDITY, max_examples=30)
