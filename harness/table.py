@@ -39,6 +39,11 @@ def _pages(ids: list[int]) -> str:
     return f"[{ids[0]}, {ids[1]}, {ids[2]}, {ids[3]}, .., {ids[-2]}, {ids[-1]}]"
 
 
+def _group(g: dict[str, Any]) -> str:
+    param = g.get("sliding_window") or g.get("attention_chunk_size")
+    return g["type"] + (f"({param})" if param else "")
+
+
 def _drafts(step: dict[str, Any], rid: str) -> str:
     """Scheduled drafts / accepted ones; the model's answer holds the accepted plus one."""
     drafts = step["spec_tokens"].get(rid)
@@ -70,17 +75,25 @@ def render(trace: dict[str, Any]) -> str:
     per_token, page = kv_sizes(trace)
     prompts = {r["id"]: list(r["prompt"]) for r in stream["requests"]}
     outputs: dict[str, list[int]] = {rid: [] for rid in prompts}
-    tables: dict[str, list[int]] = {rid: [] for rid in prompts}
+    groups = config.get("kv_cache_groups") or [{"type": "full"}]
+    tables: dict[str, list[list[int]]] = {rid: [[] for _ in groups] for rid in prompts}
 
     header = (f"{trace['engine']} (vLLM {trace['vllm_version']}), model {config['model']}: "
               f"{_kb(per_token)} per token, {_kb(page)} per {config['block_size']}-token page")
+    if len(groups) > 1 or groups[0]["type"] != "full":
+        header += ("\nKV cache groups: " + ", ".join(_group(g) for g in groups)
+                   + " (KB figures count every layer as full attention; pages and page ids "
+                     "are per group)")
     rows = [("step", "req", "tokens", "KV before", "computed", "KV after", "pages", "page ids",
              "hit", "drafts", "preempted")]
     for step in trace["steps"]:
         for rid in step["preempted"]:
-            tables[rid] = []  # freed; a resumed request gets its whole table again
-        for rid, groups in step["new_block_ids"].items():
-            tables[rid] += groups[0]
+            tables[rid] = [[] for _ in groups]  # freed; a resumed request gets its tables again
+        for rid, new in step["new_block_ids"].items():
+            if rid in step["prefix_hit_tokens"]:  # admitted: its whole tables
+                tables[rid] = [[] for _ in groups]
+            for table, ids in zip(tables[rid], new):
+                table += ids
         first = True
         for rid, n in step["scheduled"]:
             before = step["computed_before"][rid]
@@ -91,7 +104,8 @@ def render(trace: dict[str, Any]) -> str:
             rows.append((
                 str(step["step"]) if first else "", rid, _tokens(real, drafts),
                 _kb(before * per_token), str(n), _kb((before + n) * per_token),
-                str(len(tables[rid])), _pages(tables[rid]),
+                "+".join(str(len(t)) for t in tables[rid]),
+                " ".join(_pages(t) for t in tables[rid]),
                 "" if hit is None else str(hit), _drafts(step, rid),
                 ",".join(step["preempted"]) if first else ""))
             first = False

@@ -6,11 +6,12 @@ which; read the two side by side.
 
 What it models: KV cache groups of full, sliding-window, chunked-local and
 Mamba layers over one pool (hybrid models), with prefix hits common to all
-groups; chunked prefill (on and off); prefix caching with chained block hashes and ``cache_salt``; fcfs and
-priority policies with preemption by recomputation; speculative decoding
-(ngram without lookahead, eagle with lookahead and the dropped last hit);
-stops by ``max_tokens``, ``max_model_len``, EOS and stop tokens; aborts;
-``reset_prefix_cache``; the worker's slot mapping.
+groups; chunked prefill (on and off); prefix caching with chained block
+hashes and ``cache_salt``; fcfs and priority policies with preemption by
+recomputation; speculative decoding (ngram without lookahead, eagle with
+lookahead and the dropped last hit); stops by ``max_tokens``,
+``max_model_len``, EOS and stop tokens; aborts; ``reset_prefix_cache``; the
+worker's slot mapping.
 
 What it leaves out, because the harness never turns it on: encoders and
 multimodal inputs, encoder-decoder models, LoRA, KV connectors (P/D
