@@ -251,7 +251,8 @@ def _kv_sizing_kill(m: Mutant) -> str:
     from harness.kv_sizing_check import differences
     with m.patch():
         found = differences()
-    return f"KV sizing: {found[0].line()}" if found else ""
+    # The model and the field only: a field can hold a whole group layout.
+    return f"KV sizing: {found[0].model}: {found[0].field}" if found else ""
 
 
 def _replay_kill(m: Mutant, release: str) -> str:
