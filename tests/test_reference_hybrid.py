@@ -82,19 +82,16 @@ def table_of(manager, n: int = 11) -> list:
     return table
 
 
-@pytest.mark.parametrize("computed,nulls", [(0, 0), (4, 0), (5, 1), (6, 1), (7, 2), (11, 4)])
-def test_sliding_window_frees_pages_that_left_the_window(computed, nulls):
-    pool = BlockPool(2000, enable_caching=True)
-    manager = manager_for(KVCacheSpec(SLIDING_WINDOW, 2, sliding_window=4), pool, 0)
-    table = table_of(manager)
-    manager.remove_skipped_blocks("r", computed)
-    assert [b.block_id for b in table] == [0] * nulls + list(range(1000 + nulls, 1011))
+WINDOW = KVCacheSpec(SLIDING_WINDOW, 2, sliding_window=4)
+CHUNK = KVCacheSpec(CHUNKED_LOCAL, 2, attention_chunk_size=4)
 
 
-@pytest.mark.parametrize("computed,nulls", [(0, 0), (4, 2), (6, 2), (12, 6)])
-def test_chunked_local_frees_pages_of_earlier_chunks(computed, nulls):
+@pytest.mark.parametrize("spec,computed,nulls", [
+    (WINDOW, 0, 0), (WINDOW, 4, 0), (WINDOW, 5, 1), (WINDOW, 6, 1), (WINDOW, 7, 2),
+    (WINDOW, 11, 4), (CHUNK, 0, 0), (CHUNK, 4, 2), (CHUNK, 6, 2), (CHUNK, 12, 6)])
+def test_pages_that_left_the_window_or_chunk_are_freed(spec, computed, nulls):
     pool = BlockPool(2000, enable_caching=True)
-    manager = manager_for(KVCacheSpec(CHUNKED_LOCAL, 2, attention_chunk_size=4), pool, 0)
+    manager = manager_for(spec, pool, 0)
     table = table_of(manager)
     manager.remove_skipped_blocks("r", computed)
     assert [b.block_id for b in table] == [0] * nulls + list(range(1000 + nulls, 1011))

@@ -236,15 +236,14 @@ def _pages_of_whole_window(spec):
     return rgm.cdiv(spec.sliding_window, spec.block_size)
 
 
-def _leading_run_only(cls, block_hashes, max_length, group_ids, pool, spec, use_eagle):
-    # Search from the left like full attention: the leading cached run, nothing from the right.
-    return rgm.FullAttentionManager.find_longest_cache_hit.__func__(
-        cls, block_hashes, max_length, group_ids, pool, spec, use_eagle)
+def _as_full_attention(cls, block_hashes, max_length, group_ids, pool, spec, use_eagle):
+    # Look up like full attention: the leading cached run from the first page.
+    return _full_hit(cls, block_hashes, max_length, group_ids, pool, spec, use_eagle)
 
 
 register("window_hit_from_left", "sliding-window hits are searched from the right", SINGLE_TYPE,
          replaces=(rgm.SlidingWindowManager, "find_longest_cache_hit"),
-         new=classmethod(_leading_run_only), applies=sliding_caching)
+         new=classmethod(_as_full_attention), applies=sliding_caching)
 
 
 @mutant("window_pages_kept", "pages that leave the sliding window are freed", SINGLE_TYPE,
@@ -261,14 +260,9 @@ def _window_one_token_shorter(self, request_id, num_computed_tokens):
                          (num_computed_tokens - self.spec.sliding_window + 2) // self.block_size)
 
 
-def _hit_from_the_start(cls, block_hashes, max_length, group_ids, pool, spec, use_eagle):
-    return rgm.FullAttentionManager.find_longest_cache_hit.__func__(
-        cls, block_hashes, max_length, group_ids, pool, spec, use_eagle)
-
-
 register("chunk_hit_from_start", "a chunked-local hit starts at the chunk of the next token",
          SINGLE_TYPE, replaces=(rgm.ChunkedLocalAttentionManager, "find_longest_cache_hit"),
-         new=classmethod(_hit_from_the_start), applies=chunked_local_caching)
+         new=classmethod(_as_full_attention), applies=chunked_local_caching)
 
 
 @mutant("chunk_pages_kept", "pages of earlier chunks are freed", SINGLE_TYPE,
