@@ -16,6 +16,15 @@ the renamed internals.  One change is left out because no stream can show it:
 from 0.11.1 a running request's drafts are cleared once scheduled, but the
 proposer hands every scheduled request its next drafts before they are read
 again, so the cleared list is never seen.
+
+Not described yet (found when hybrid KV cache groups entered the generated
+space, issue 12): from 0.11.1, ``remove_skipped_blocks`` of chunked local
+attention frees every page before the current chunk, the last cached page
+too (0.11.0 keeps that one; ``get_num_skipped_tokens`` replaced its
+computation).  The reference states 0.11.0's rule for every release, so
+streams with a ``chunked_local`` group can diverge on 0.11.1 and later; the
+mutant ``chunk_frees_last_cached_page`` is exactly the new rule, and with it
+200 + 200 hybrid streams conform on 0.13.0.
 """
 
 from __future__ import annotations
