@@ -102,15 +102,10 @@ def coverage_command(examples: int, seed: int | None, profile: str | None, missi
 
 def _ranges(lines: tuple[int, ...]) -> str:
     """1, 2, 3, 7 -> '1-3, 7'."""
-    out: list[str] = []
-    start = prev = None
+    runs: list[list[int]] = []
     for n in lines:
-        if prev is not None and n == prev + 1:
-            prev = n
-            continue
-        if start is not None:
-            out.append(f"{start}-{prev}" if prev != start else f"{start}")
-        start = prev = n
-    if start is not None:
-        out.append(f"{start}-{prev}" if prev != start else f"{start}")
-    return ", ".join(out)
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ", ".join(f"{a}-{b}" if b != a else f"{a}" for a, b in runs)

@@ -57,6 +57,7 @@ class KVCacheGroup:
 #: The parameter each group type needs (and no other type may have).
 GROUP_PARAMETER = {"full": None, "sliding_window": "sliding_window",
                    "chunked_local": "attention_chunk_size", "mamba": None}
+PARAMETER_OWNER = {param: kind for kind, param in GROUP_PARAMETER.items() if param}
 
 
 @dataclass(frozen=True)
@@ -453,13 +454,13 @@ def _group_errors(c: Config) -> list[str]:
     errors = []
     for i, g in enumerate(c.kv_cache_groups):
         needs = GROUP_PARAMETER[g.type]
-        for param in ("sliding_window", "attention_chunk_size"):
+        for param in PARAMETER_OWNER:
             given = getattr(g, param) is not None
             if param == needs and not given:
                 errors.append(f"config.kv_cache_groups[{i}].{param}: required for type {g.type}")
             elif param != needs and given:
                 errors.append(f"config.kv_cache_groups[{i}].{param}: only for type "
-                              f"{'sliding_window' if param == 'sliding_window' else 'chunked_local'}")
+                              f"{PARAMETER_OWNER[param]}")
     if errors or not c.enable_prefix_caching:
         return errors
     types = [g.type for g in c.kv_cache_groups]

@@ -94,7 +94,7 @@ class KVCacheManager:
 
     def get_block_ids(self, request_id: str) -> list[list[int]]:
         """The request's whole block tables, one list per group (null pages as 0)."""
-        return [[b.block_id for b in table] for table in self.coordinator.tables(request_id)]
+        return block_ids(self.coordinator.tables(request_id))
 
     def reset_prefix_cache(self) -> bool:
         return self.pool.reset_prefix_cache()
