@@ -21,6 +21,8 @@ types differ in three rules:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from reference.arith import cdiv
 from reference.block_hash import BlockHash
 from reference.block_pool import Block, BlockPool
@@ -30,12 +32,22 @@ from reference.request import Request
 #: One list of pages per group in a lookup: hits for several groups of one type at once.
 GroupHits = list[list[Block]]
 
+#: Whether a named rule change of a later release applies (``Config.has``).
+HasRule = Callable[[str], bool]
+
+
+def only_0_11_0(rule_change: str) -> bool:
+    """The rules of vLLM 0.11.0: no later rule change applies."""
+    return False
+
 
 class GroupManager:
     """Block tables of one group (vLLM's SingleTypeKVCacheManager)."""
 
-    def __init__(self, spec: KVCacheSpec, pool: BlockPool, group_id: int):
+    def __init__(self, spec: KVCacheSpec, pool: BlockPool, group_id: int,
+                 has: HasRule = only_0_11_0):
         self.spec = spec
+        self.has = has
         self.block_size = spec.block_size
         self.pool = pool
         self.group_id = group_id
@@ -230,13 +242,16 @@ class ChunkedLocalAttentionManager(GroupManager):
         return hits
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
-        """Pages before the chunk of the next token are given back, except that the
-        last cached page is kept (its hash is the parent of the next page's)."""
+        """Pages before the chunk of the next token are given back.
+
+        0.11.0 keeps the last cached page even so (its hash is the parent of
+        the next page's); from 0.11.1 it goes too.
+        """
         chunk_start = num_computed_tokens // self.spec.attention_chunk_size \
             * self.spec.attention_chunk_size
         first_kept = chunk_start // self.block_size
         num_cached = self.num_cached_block.get(request_id, 0)
-        if num_cached > 0:
+        if num_cached > 0 and not self.has("chunked_local_frees_last_cached_page"):
             first_kept = min(first_kept, num_cached - 1)
         self.null_out_before(request_id, first_kept)
 
@@ -262,5 +277,6 @@ MANAGERS: dict[str, type[GroupManager]] = {
 }
 
 
-def manager_for(spec: KVCacheSpec, pool: BlockPool, group_id: int) -> GroupManager:
-    return MANAGERS[spec.kind](spec, pool, group_id)
+def manager_for(spec: KVCacheSpec, pool: BlockPool, group_id: int,
+                has: HasRule = only_0_11_0) -> GroupManager:
+    return MANAGERS[spec.kind](spec, pool, group_id, has)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from reference.block_hash import BlockHash
 from reference.block_pool import Block, BlockPool
-from reference.group_managers import GroupHits, manager_for
+from reference.group_managers import GroupHits, HasRule, manager_for, only_0_11_0
 from reference.kv_cache_spec import KVCacheSpec
 from reference.request import Request
 
@@ -28,11 +28,11 @@ class KVCacheCoordinator:
     """All groups' managers; the lookup that suits the groups is picked at start."""
 
     def __init__(self, specs: tuple[KVCacheSpec, ...], pool: BlockPool, enable_caching: bool,
-                 use_eagle: bool):
+                 use_eagle: bool, has: HasRule = only_0_11_0):
         self.specs = specs
         self.pool = pool
         self.use_eagle = use_eagle
-        self.managers = tuple(manager_for(spec, pool, i) for i, spec in enumerate(specs))
+        self.managers = tuple(manager_for(spec, pool, i, has) for i, spec in enumerate(specs))
         if not enable_caching:
             self.lookup = self.no_hit
         elif len(specs) == 1:

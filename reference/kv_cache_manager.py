@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from reference import events
 from reference.block_pool import BlockPool
+from reference.group_managers import HasRule, only_0_11_0
 from reference.kv_cache_coordinator import KVCacheCoordinator, PerGroup
 from reference.kv_cache_spec import KVCacheSpec, full
 from reference.request import Request
@@ -22,8 +23,9 @@ from reference.request import Request
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int,
                  enable_caching: bool, use_eagle: bool, emit: events.Listener = events.ignore,
-                 groups: tuple[KVCacheSpec, ...] | None = None):
-        """``groups``: the KV cache groups, in order (default: one full-attention group)."""
+                 groups: tuple[KVCacheSpec, ...] | None = None, has: HasRule = only_0_11_0):
+        """``groups``: the KV cache groups, in order (default: one full-attention group);
+        ``has``: which rule changes of a later release apply (default: none, 0.11.0)."""
         self.groups = groups or (full(block_size),)
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
@@ -32,7 +34,8 @@ class KVCacheManager:
             assert len({g.block_size for g in self.groups}) == 1, "one block size with caching"
         self.block_size = self.groups[0].block_size
         self.pool = BlockPool(num_blocks, enable_caching, emit)
-        self.coordinator = KVCacheCoordinator(self.groups, self.pool, enable_caching, use_eagle)
+        self.coordinator = KVCacheCoordinator(self.groups, self.pool, enable_caching, use_eagle,
+                                              has)
 
     # -- prefix lookup -----------------------------------------------------------
 

@@ -16,15 +16,6 @@ the renamed internals.  One change is left out because no stream can show it:
 from 0.11.1 a running request's drafts are cleared once scheduled, but the
 proposer hands every scheduled request its next drafts before they are read
 again, so the cleared list is never seen.
-
-Not described yet (found when hybrid KV cache groups entered the generated
-space, issue 12): from 0.11.1, ``remove_skipped_blocks`` of chunked local
-attention frees every page before the current chunk, the last cached page
-too (0.11.0 keeps that one; ``get_num_skipped_tokens`` replaced its
-computation).  The reference states 0.11.0's rule for every release, so
-streams with a ``chunked_local`` group can diverge on 0.11.1 and later; the
-mutant ``chunk_frees_last_cached_page`` is exactly the new rule, and with it
-200 + 200 hybrid streams conform on 0.13.0.
 """
 
 from __future__ import annotations
@@ -77,6 +68,12 @@ CHANGES: tuple[RuleChange, ...] = (
         "whole prompt does not fit the step's remaining budget, instead of setting it "
         "aside and trying the requests behind it.  (0.11.0 set such requests aside: "
         "quirks.SKIPPED_WAITING_REQUESTS_REVERSED.)"),
+    RuleChange(
+        "chunked_local_frees_last_cached_page", "0.11.1", "#25431",
+        "A chunked-local-attention group gives back every page before the chunk of the "
+        "next token, the request's last cached page too (0.11.0 keeps that one; the "
+        "pages to skip now come from get_num_skipped_tokens).  Found by hybrid streams "
+        "on the 0.11.1 side environment."),
 )
 
 _BY_NAME = {c.name: c for c in CHANGES}

@@ -57,7 +57,7 @@ class Scheduler:
         self.emit = emit
         self.kv = KVCacheManager(config.num_blocks, config.block_size, config.max_model_len,
                                  config.enable_prefix_caching, config.use_eagle, emit,
-                                 config.groups)
+                                 config.groups, config.has)
         self.requests: dict[str, Request] = {}
         self.waiting = make_queue(config.policy)
         self.running: list[Request] = []

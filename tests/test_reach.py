@@ -54,6 +54,8 @@ FIXTURE_SHOWS = {
     "hybrid_full_and_two_windows_hit": ["window_hit_from_left", "window_pages_kept",
                                         "cache_key_without_group"],
     "hybrid_chunked_local_hit_and_free": ["chunk_hit_from_start", "chunk_pages_kept"],
+    "hybrid_chunked_local_last_cached_page_freed": ["chunk_frees_last_cached_page",
+                                                    "chunked_local_frees_last_cached_page_dropped"],
     "hybrid_mamba_draft_pages": ["mamba_draft_pages_ignored"],
     "hybrid_sliding_window_preempt": ["window_edge_off_by_one", "groups_freed_last_first",
                                       "hybrid_full_hit_not_cut", "hybrid_other_hit_unbounded"],

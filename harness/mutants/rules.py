@@ -675,6 +675,7 @@ _CHANGE_MODULES = {
     "running_tokens_capped_by_max_tokens": SCHEDULER,
     "threshold_dropped_when_nothing_chunks": "vllm/config/vllm.py",
     "chunked_off_stops_at_first_misfit": SCHEDULER,
+    "chunked_local_frees_last_cached_page": SINGLE_TYPE,
 }
 
 
@@ -688,6 +689,7 @@ _CHANGE_APPLIES = {
     "priority_victim_loses_its_grant": priority,
     "threshold_dropped_when_nothing_chunks": lambda c: chunked_off_threshold(c) and not caching(c),
     "chunked_off_stops_at_first_misfit": chunked_off,
+    "chunked_local_frees_last_cached_page": chunked_local_caching,
 }
 
 for _change in releases.CHANGES:
