@@ -1,0 +1,134 @@
+"""Which encoder inputs a step runs, and when a request lets go of their outputs.
+
+Mirrors: vllm/v1/core/sched/scheduler.py (Scheduler._try_schedule_encoder_inputs,
+Scheduler._free_encoder_inputs).
+
+A step grants a request the token range ``[num_computed_tokens,
+num_computed_tokens + num_new_tokens)``.  Every multimodal item whose
+placeholder overlaps that range needs its encoder output this step: either
+it is in the encoder cache already, or the encoder must run on it now, which
+takes encoder compute budget and cache room.  An item that cannot run now cuts
+the granted range just before its placeholder, so the decoder never reads a
+placeholder whose embeddings do not exist yet.  Items are visited in prompt
+order (the scheduler assumes they are sorted by offset) and the first one that
+cuts the range ends the visit.
+
+Side effects that stand even when the caller then does not schedule the
+request (zero tokens left, or no KV pages): cache hits are held by the request
+from the moment they are looked up, and ``can_allocate`` may already have
+evicted entries.  Room for the items returned is taken only by the caller, by
+``allocate`` once the request is really scheduled.
+"""
+
+from __future__ import annotations
+
+from reference.encoder_cache import EncoderCacheManager, EncoderInput, HasEncoderInputs
+
+
+def starts_after_range(item: EncoderInput, range_end: int) -> bool:
+    """The placeholder begins at or after the end of the granted range: not needed yet.
+
+    Because items are sorted, no later item is needed either.
+    """
+    return item.offset >= range_end
+
+
+def already_in_kv(item: EncoderInput, num_computed_tokens: int) -> bool:
+    """The whole placeholder is computed: its embeddings live in the KV cache now."""
+    return item.end <= num_computed_tokens
+
+
+def cut_to_whole_item(item: EncoderInput, num_computed_tokens: int, range_end: int) -> bool:
+    """With chunked multimodal input off: the range would stop inside a placeholder
+    it enters from before.
+
+    A placeholder the request is already inside of (prefix hit, or a cache hit
+    chunked earlier) is not protected: the test needs the range to start
+    strictly before the placeholder.
+    """
+    return num_computed_tokens < item.offset and range_end < item.end
+
+
+def tokens_before(item: EncoderInput, num_computed_tokens: int) -> int:
+    """Tokens that can still be granted when ``item`` cannot run: those before it.
+
+    Zero when the request has already computed up to or into the placeholder
+    (a prefix hit, or an earlier step cut exactly at it): then the request
+    gets nothing this step.
+    """
+    return max(item.offset - num_computed_tokens, 0)
+
+
+def try_schedule_encoder_inputs(
+    request: HasEncoderInputs,
+    num_computed_tokens: int,
+    num_new_tokens: int,
+    encoder_compute_budget: int,
+    cache: EncoderCacheManager,
+    *,
+    disable_chunked_mm_input: bool = False,
+    is_encoder_decoder: bool = False,
+) -> tuple[list[int], int, int]:
+    """The items to encode this step, the tokens still granted, the budget left.
+
+    ``num_computed_tokens`` is passed in rather than read from the request: for
+    a waiting request it includes the prefix hit not yet recorded on it.
+
+    An encoder-decoder model (Whisper) runs its encoder once, before the first
+    decoder token: all its items sit at offset 0, and once any token is computed
+    they are all done.  It does not look items up in the cache and does not
+    skip repeated items, but it does take budget and room.
+    """
+    items = request.encoder_inputs
+    if num_new_tokens == 0 or not items:
+        return [], num_new_tokens, encoder_compute_budget
+
+    to_encode: list[int] = []
+    hashes_to_encode: set[str] = set()
+    room_to_take = 0  # room of the items in to_encode, not allocated yet
+    for i, item in enumerate(items):
+        range_end = num_computed_tokens + num_new_tokens
+        if starts_after_range(item, range_end):
+            break
+        if is_encoder_decoder and num_computed_tokens > 0:
+            assert item.offset == 0, "an encoder-decoder model's items start at 0"
+            continue
+        if already_in_kv(item, num_computed_tokens):
+            continue
+        if not is_encoder_decoder:
+            if item.mm_hash in hashes_to_encode:
+                continue  # the same content is encoded once per step
+            if cache.check_and_update_cache(request, i):
+                continue
+        if disable_chunked_mm_input and cut_to_whole_item(item, num_computed_tokens, range_end):
+            num_new_tokens = item.offset - num_computed_tokens
+            break
+        if not cache.can_allocate(request, i, encoder_compute_budget, room_to_take):
+            # No budget or no room: the encoder runs an item whole or not at all.
+            num_new_tokens = tokens_before(item, num_computed_tokens)
+            break
+        room_to_take += item.length
+        encoder_compute_budget -= item.length
+        hashes_to_encode.add(item.mm_hash)
+        to_encode.append(i)
+    return to_encode, num_new_tokens, encoder_compute_budget
+
+
+def free_encoder_inputs(request: HasEncoderInputs, num_computed_tokens: int,
+                        cache: EncoderCacheManager, *, is_encoder_decoder: bool = False) -> None:
+    """After a step: let go of the cached items the request has computed past.
+
+    Called for every scheduled request once its ``num_computed_tokens`` has
+    advanced.  An item is let go when its whole placeholder is computed (for
+    an encoder-decoder model: as soon as any token is).  Items are visited in
+    the iteration order of the set ``get_cached_input_ids`` returns (CPython's
+    set order; see ``EncoderCacheManager.free``), which fixes their order in
+    the eviction queue.  Unlike ``free``, the set itself is iterated, not a
+    copy, and the two orders can differ.
+    """
+    for input_id in list(cache.get_cached_input_ids(request)):
+        item = request.encoder_inputs[input_id]
+        done = ((is_encoder_decoder and num_computed_tokens > 0)
+                or already_in_kv(item, num_computed_tokens))
+        if done:
+            cache.free_encoder_input(request, input_id)

@@ -1,0 +1,200 @@
+"""The reference's encoder cache against vLLM's, operation by operation.
+
+Random workloads (requests with several multimodal items, some content shared
+between requests or repeated inside one) drive both caches through the same
+operations, in the ways vLLM's scheduler uses them: scheduling a request's
+encoder inputs (``Scheduler._try_schedule_encoder_inputs``, then ``allocate``
+for each input returned if the request gets its KV pages), letting go of
+computed inputs (``Scheduler._free_encoder_inputs``), freeing a finished or
+preempted request, and the cache's own calls one at a time.  After every
+operation the answers and the whole observable state must agree: both
+counters, the holders of each entry, the freeable entries in eviction order
+and the freed-hash list.
+
+vLLM's classes are reached through ``harness.engines.vllm_compat`` (the only
+place vLLM is imported): ``EncoderCacheManager`` is the class vLLM's scheduler
+module binds, and the two scheduler methods are called unbound with a stand-in
+for the scheduler holding only what they read (``encoder_cache_manager``,
+``is_encoder_decoder``, ``scheduler_config.disable_chunked_mm_input``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reference.encoder_cache import EncoderCacheManager, EncoderInput
+from reference.encoder_inputs import free_encoder_inputs, try_schedule_encoder_inputs
+
+pytestmark = [pytest.mark.conformance, pytest.mark.needs_vllm]
+
+
+@pytest.fixture(scope="module")
+def vllm_side():
+    """vLLM's EncoderCacheManager class and its Scheduler class."""
+    from harness.engines import vllm_compat
+    manager = inspect.getmodule(vllm_compat.Scheduler).EncoderCacheManager
+    assert manager.__module__ == "vllm.v1.core.encoder_cache_manager"
+    return manager, vllm_compat.Scheduler
+
+
+class VllmRequestStandIn:
+    """The members of ``vllm.v1.request.Request`` the encoder cache and the two
+    scheduler methods read, and nothing else: ``request_id``, ``mm_features``
+    (each with ``identifier`` and ``mm_position.offset`` / ``.length``),
+    ``has_encoder_inputs``, ``get_num_encoder_tokens`` (the placeholder length,
+    as in 0.11.0) and ``num_computed_tokens``.
+    """
+
+    def __init__(self, request_id: str, items: list[EncoderInput]):
+        self.request_id = request_id
+        self.mm_features = [
+            SimpleNamespace(identifier=it.mm_hash,
+                            mm_position=SimpleNamespace(offset=it.offset, length=it.length))
+            for it in items]
+        self.num_computed_tokens = 0
+
+    @property
+    def has_encoder_inputs(self) -> bool:
+        return len(self.mm_features) > 0
+
+    def get_num_encoder_tokens(self, input_id: int) -> int:
+        return self.mm_features[input_id].mm_position.length
+
+
+@dataclass
+class RefRequest:
+    request_id: str
+    encoder_inputs: list[EncoderInput]
+
+
+class Pair:
+    """One vLLM cache and one reference cache, driven together."""
+
+    def __init__(self, vllm_side, cache_size: int, is_encoder_decoder: bool):
+        manager_cls, self.scheduler_cls = vllm_side
+        self.vllm = manager_cls(cache_size=cache_size)
+        self.ref = EncoderCacheManager(cache_size)
+        self.is_encoder_decoder = is_encoder_decoder
+
+    def scheduler(self, disable_chunked_mm_input: bool) -> SimpleNamespace:
+        return SimpleNamespace(
+            encoder_cache_manager=self.vllm, is_encoder_decoder=self.is_encoder_decoder,
+            scheduler_config=SimpleNamespace(disable_chunked_mm_input=disable_chunked_mm_input))
+
+    def assert_same_state(self, after: str) -> None:
+        v, r = self.vllm, self.ref
+        assert (v.num_free_slots, v.num_freeable_slots) == (r.num_free_slots, r.num_freeable_slots), after
+        assert v.cached == r.holders, after
+        assert list(v.freeable.items()) == r.freeable_order(), after
+        assert v.freed == r.freed, after
+
+
+@st.composite
+def workloads(draw):
+    """A cache size and a few requests whose items share a small pool of contents."""
+    is_encoder_decoder = draw(st.booleans()) and draw(st.booleans())
+    lengths = draw(st.lists(st.integers(1, 8), min_size=1, max_size=6))
+    requests = []
+    for n in range(draw(st.integers(1, 4))):
+        pos, items = draw(st.integers(0, 3)), []
+        for _ in range(draw(st.integers(1, 12))):
+            h = draw(st.integers(0, len(lengths) - 1))
+            offset = 0 if is_encoder_decoder else pos
+            items.append(EncoderInput(offset, lengths[h], f"h{h}"))
+            pos += lengths[h] + draw(st.integers(0, 3))
+        prompt_len = max(it.end for it in items) + draw(st.integers(0, 3))
+        requests.append((f"r{n}", items, prompt_len))
+    return draw(st.integers(0, 30)), is_encoder_decoder, requests
+
+
+OPS = ["schedule", "schedule", "schedule", "computed", "free", "freed", "lookup",
+       "can_allocate", "free_input", "cached_ids"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(workload=workloads(), data=st.data())
+def test_encoder_cache_matches_vllm(vllm_side, workload, data):
+    cache_size, is_encoder_decoder, specs = workload
+    pair = Pair(vllm_side, cache_size, is_encoder_decoder)
+    reqs = [(VllmRequestStandIn(rid, items), RefRequest(rid, items), prompt_len)
+            for rid, items, prompt_len in specs]
+    for step in range(data.draw(st.integers(1, 40))):
+        op = data.draw(st.sampled_from(OPS))
+        vreq, rreq, prompt_len = data.draw(st.sampled_from(reqs))
+        i = data.draw(st.integers(0, len(rreq.encoder_inputs) - 1))
+        after = f"step {step}: {op} {rreq.request_id}"
+        if op == "schedule":
+            computed = data.draw(st.integers(0, prompt_len))
+            new = data.draw(st.integers(0, prompt_len - computed))
+            budget = data.draw(st.integers(0, 30))
+            no_chunks = data.draw(st.booleans())
+            got = pair.scheduler_cls._try_schedule_encoder_inputs(
+                pair.scheduler(no_chunks), vreq, computed, new, budget)
+            want = try_schedule_encoder_inputs(
+                rreq, computed, new, budget, pair.ref,
+                disable_chunked_mm_input=no_chunks, is_encoder_decoder=is_encoder_decoder)
+            assert tuple(got) == want, after
+            if want[1] > 0 and data.draw(st.booleans()):  # the request got its KV pages
+                for input_id in want[0]:
+                    pair.vllm.allocate(vreq, input_id)
+                    pair.ref.allocate(rreq, input_id)
+        elif op == "computed":
+            vreq.num_computed_tokens = computed = data.draw(st.integers(0, prompt_len))
+            pair.scheduler_cls._free_encoder_inputs(pair.scheduler(False), vreq)
+            free_encoder_inputs(rreq, computed, pair.ref, is_encoder_decoder=is_encoder_decoder)
+        elif op == "free":
+            pair.vllm.free(vreq)
+            pair.ref.free(rreq)
+        elif op == "freed":
+            assert pair.vllm.get_freed_mm_hashes() == pair.ref.get_freed_mm_hashes(), after
+        elif op == "lookup":
+            assert pair.vllm.check_and_update_cache(vreq, i) == pair.ref.check_and_update_cache(rreq, i)
+        elif op == "can_allocate":
+            budget = data.draw(st.integers(0, 30))
+            accepted = data.draw(st.integers(0, 20)) if data.draw(st.booleans()) else 0
+            ok = pair.vllm.can_allocate(vreq, i, budget, accepted)
+            assert ok == pair.ref.can_allocate(rreq, i, budget, accepted), after
+            if ok and accepted == 0 and data.draw(st.booleans()):
+                pair.vllm.allocate(vreq, i)
+                pair.ref.allocate(rreq, i)
+        elif op == "free_input":
+            pair.vllm.free_encoder_input(vreq, i)
+            pair.ref.free_encoder_input(rreq, i)
+        elif op == "cached_ids":
+            assert pair.vllm.get_cached_input_ids(vreq) == pair.ref.get_cached_input_ids(rreq), after
+        pair.assert_same_state(after)
+
+
+@pytest.mark.parametrize("how", ["free", "computed"])
+def test_many_items_are_let_go_in_vllms_order(vllm_side, how):
+    """Requests of up to 20 distinct items, a random subset cached: the order in
+    which ``free`` and ``_free_encoder_inputs`` make them freeable is CPython's
+    set order, not index order, and the two need not agree with each other."""
+    rng = random.Random(0)
+    orders = set()
+    for _ in range(400):
+        n = rng.randint(1, 20)
+        items = [EncoderInput(k, 1, f"h{k}") for k in range(n)]
+        cached = [k for k in range(n) if rng.random() < rng.random()]
+        pair = Pair(vllm_side, n, is_encoder_decoder=False)
+        vreq, rreq = VllmRequestStandIn("r", items), RefRequest("r", items)
+        for k in cached:
+            pair.vllm.allocate(vreq, k)
+            pair.ref.allocate(rreq, k)
+        if how == "free":
+            pair.vllm.free(vreq)
+            pair.ref.free(rreq)
+        else:
+            vreq.num_computed_tokens = n
+            pair.scheduler_cls._free_encoder_inputs(pair.scheduler(False), vreq)
+            free_encoder_inputs(rreq, n, pair.ref)
+        pair.assert_same_state(f"{how} {cached}")
+        orders.add([h for h, _ in pair.ref.freeable_order()] == [f"h{k}" for k in cached])
+    assert orders == {True, False}  # some subsets really are let go out of index order
