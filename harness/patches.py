@@ -30,6 +30,7 @@ MODEL_CONFIG = "vllm/config/model.py"
 KV_CACHE_INTERFACE = "vllm/v1/kv_cache_interface.py"
 HYBRID_MODEL_CONFIG = "vllm/model_executor/models/config.py"
 VLLM_CONFIG = "vllm/config/__init__.py"
+STRUCTURED_OUTPUT = "vllm/v1/structured_output/__init__.py"
 
 
 @dataclass(frozen=True)

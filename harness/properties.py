@@ -88,6 +88,13 @@ PROPERTIES: tuple[Property, ...] = (
                       "cache_key_without_group")),
     Property("draft_windows", st.draft_window_streams,
              targets=("null_page_never_cached", "mamba_draft_pages_ignored")),
+    Property("lora_adapters", st.lora_streams, ("lora_set_aside",),
+             targets=("lora_slots_ignored", "lora_slots_without_running",
+                      "lora_same_adapter_turned_away", "lora_not_in_hash")),
+    Property("structured_outputs", st.grammar_streams, ("grammar_wait", "grammar_draft_rows"),
+             targets=("grammar_wait_ignored", "grammar_status_at_readiness",
+                      "drafts_not_validated", "grammar_batch_running_first",
+                      "bitmask_rows_not_rolled_back", "grammar_not_advanced")),
 )
 
 

@@ -22,7 +22,7 @@ from harness import counterexamples, model
 from harness.engines.base import Engine
 from harness.paths import write_atomic
 from harness.stream import Stream
-from harness.trace import ENGINE_FAILURE, Trace, step_record
+from harness.trace import ENGINE_FAILURE, Trace, optional_fields, step_record
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,11 @@ def _loop(engine: Engine, stream: Stream, trace: Trace, limits: Limits) -> None:
             aborts[r.abort_step].append(r)
     last_arrival = max(arrivals)
     resets = set(stream.reset_prefix_cache_steps)
+    grammars: dict[int, list] = defaultdict(list)
+    for r in stream.requests:
+        if r.structured_output is not None:
+            grammars[r.structured_output.ready_step].append(r)
+    optional = optional_fields(stream)
     drafts_left = {r.id: list(r.drafts) for r in stream.requests}
     arrived: list[str] = []
     reported_finished: set[str] = set()
@@ -100,6 +105,9 @@ def _loop(engine: Engine, stream: Stream, trace: Trace, limits: Limits) -> None:
         for index, r in arrivals.get(step, ()):
             engine.add(r, index)
             arrived.append(r.id)
+        for r in grammars.get(step, ()):
+            if r.abort_step is None or r.abort_step > step:
+                engine.grammar_ready(r.id)
         if engine.num_unfinished() == 0 and step >= last_arrival:
             trace.complete()
             return
@@ -131,7 +139,7 @@ def _loop(engine: Engine, stream: Stream, trace: Trace, limits: Limits) -> None:
             if st.status.startswith("FINISHED"):
                 reported_finished.add(req_id)
         trace.steps.append(step_record(step, scheduled, emitted, states,
-                                       engine.num_free_blocks(), reset))
+                                       engine.num_free_blocks(), reset, optional))
         step += 1
 
 

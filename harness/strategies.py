@@ -28,6 +28,8 @@ Public strategies:
   (:func:`kv_cache_groups` draws them); :func:`window_hit_streams`, their
   prefix hits after windows have slid; :func:`draft_window_streams`, drafts
   that decide their pages;
+* :func:`lora_streams` (LoRA adapters) and :func:`grammar_streams`
+  (structured output), as servers send them;
 * :func:`any_stream`, which mixes all of them.
 
 Shrinking, in general: fewer requests, shorter prompts and outputs, earlier
@@ -54,7 +56,7 @@ __all__ = [
     "chunked_prefill_streams", "spec_decode_streams", "stop_and_abort_streams",
     "crowd_streams", "set_aside_streams", "set_aside_threshold_streams",
     "priority_victim_streams", "priority_victim_draft_streams", "hybrid_streams",
-    "window_hit_streams", "draft_window_streams",
+    "window_hit_streams", "draft_window_streams", "lora_streams", "grammar_streams",
     "kv_cache_groups", "any_stream", "request_ids",
 ]
 
@@ -182,6 +184,9 @@ def configs(draw, **overrides: Any) -> dict[str, Any]:
     }
     if groups is not None:
         config["kv_cache_groups"] = groups
+    max_loras = _value(draw, overrides.get("max_loras"))
+    if max_loras is not None:
+        config["max_loras"] = max_loras
     _check_config_dict(config)
     return config
 
@@ -441,7 +446,9 @@ def streams(draw, config: dict[str, Any] | SearchStrategy | None = None,
             drafts: bool = True,
             bursts: int = 0,
             priority_values: SearchStrategy[int] = st.integers(0, 2),
-            cut_earlier: bool = False) -> dict[str, Any]:
+            cut_earlier: bool = False,
+            adapters: tuple[str, ...] = ("sql", "chat", "code", "math"),
+            grammars: bool = False) -> dict[str, Any]:
     """A valid stream dict: ``{"config": ..., "requests": [...]}``.
 
     ``config`` is a config dict, a strategy of config dicts, or None for
@@ -468,7 +475,12 @@ def streams(draw, config: dict[str, Any] | SearchStrategy | None = None,
       distinct steps (ties of arrival step), else anywhere in the range;
     * ``priority_values`` -- the strategy a request's priority comes from;
     * ``cut_earlier`` -- a prompt may also be the first tokens of an earlier
-      request's prompt + output (its hit ends inside the earlier one).
+      request's prompt + output (its hit ends inside the earlier one);
+    * ``adapters`` -- when the config has ``max_loras``, three requests in four
+      name one of these LoRA adapters;
+    * ``grammars`` -- half of the requests use structured output: a grammar
+      ready at arrival or 1-4 steps later, rejecting 1-3 tokens its output
+      never holds, which some of its drafts do.
 
     Shrinks towards: the shrunk config, ``min_requests`` requests arriving at
     step 0, fresh short prompts, the first stop mode in ``stop_modes``, and
@@ -517,6 +529,10 @@ def streams(draw, config: dict[str, Any] | SearchStrategy | None = None,
             spec = _spec_of(req)
             req["drafts"] = _draw_drafts(draw, req["output"], spec.stop_index(max_model_len),
                                          num_spec, vocab_size)
+        if config.get("max_loras") is not None and adapters and not _one_in(draw, 4):
+            req["lora"] = draw(st.sampled_from(adapters))
+        if grammars and draw(st.booleans()):
+            req["structured_output"] = _draw_grammar(draw, req, arrival, vocab_size)
         requests.append(req)
 
     data: dict[str, Any] = {"config": config, "requests": requests}
@@ -524,6 +540,24 @@ def streams(draw, config: dict[str, Any] | SearchStrategy | None = None,
         data["reset_prefix_cache_steps"] = sorted(set(
             draw(st.lists(st.integers(0, max_arrival_step + 20), min_size=1, max_size=3))))
     return data
+
+
+def _draw_grammar(draw, req: dict[str, Any], arrival: int, vocab: int) -> dict[str, Any]:
+    """A scripted grammar for ``req``: ready at arrival (half the time) or 1-4 steps
+    later, rejecting 1-3 tokens the output never holds; one draft list in three
+    gets a rejected token, so that the grammar cuts it.  Shrinks towards a grammar
+    ready at once that rejects the smallest token the output does not hold."""
+    free = [t for t in range(vocab) if t not in req["output"]]
+    delay = draw(st.one_of(st.just(0), st.integers(1, 4)))
+    grammar: dict[str, Any] = {"ready_step": arrival + delay}
+    if not free:
+        return grammar
+    rejected = draw(st.lists(st.sampled_from(free), min_size=1, max_size=3, unique=True))
+    grammar["rejected_tokens"] = rejected
+    for d in req.get("drafts", []):
+        if d and _one_in(draw, 3):
+            d[draw(st.integers(0, len(d) - 1))] = draw(st.sampled_from(rejected))
+    return grammar
 
 
 def request_ids(count: int) -> SearchStrategy[list[str]]:
@@ -909,6 +943,40 @@ def draft_window_streams(draw, **knobs: Any) -> dict[str, Any]:
     return data
 
 
+def lora_streams(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
+    """LoRA adapters: ``max_loras`` 1-3, three requests in four naming one of four adapters.
+
+    Every stream shares prefixes, so the same tokens arrive under different adapters
+    (and under none), whose pages must not be shared; arrivals come in bursts of up to
+    3 steps to 2-6 seats, so waiting requests meet full adapter slots and are set
+    aside while others behind them run; prefix caching on in three configs of four,
+    drafts in a third.  ``knobs`` go to :func:`streams`.
+    Shrinks towards: one adapter slot, two requests at step 0.
+    """
+    config = configs(max_loras=st.integers(1, 3), max_num_seqs=st.integers(2, 6),
+                     enable_prefix_caching=_rarely(st.just(False), st.just(True), one_in=4),
+                     num_speculative_tokens=_rarely(st.integers(1, 3), st.just(0), one_in=3))
+    return streams(**_with(dict(config=config, min_requests=2, max_requests=8,
+                                shared_prefixes="always", bursts=3, max_arrival_step=6), knobs))
+
+
+def grammar_streams(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
+    """Structured output: half of the requests wait for a grammar (ready at arrival or
+    1-4 steps later) that rejects tokens some of their drafts hold.
+
+    Speculative decoding in half of the configs (so drafts are cut by the grammar and
+    the bitmask has a row per draft), LoRA adapters in a quarter, 2-6 seats and
+    arrivals over 6 steps, so grammar-constrained requests are new, running and
+    resumed in one batch.  ``knobs`` go to :func:`streams`.
+    Shrinks towards: no drafts, no LoRA, two requests at step 0.
+    """
+    config = configs(max_num_seqs=st.integers(2, 6),
+                     num_speculative_tokens=st.one_of(st.just(0), st.integers(1, 3)),
+                     max_loras=_rarely(st.integers(1, 2), st.none(), one_in=4))
+    return streams(**_with(dict(config=config, min_requests=2, max_requests=8, grammars=True,
+                                max_arrival_step=6), knobs))
+
+
 def any_stream(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
     """Any stream: the general :func:`streams` or one of the focused or targeted variants.
 
@@ -920,4 +988,5 @@ def any_stream(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
                      spec_decode_streams(**knobs), stop_and_abort_streams(**knobs),
                      crowd_streams(**knobs), set_aside_streams(**knobs),
                      priority_victim_streams(**knobs), hybrid_streams(**knobs),
-                     window_hit_streams(**knobs), draft_window_streams(**knobs))
+                     window_hit_streams(**knobs), draft_window_streams(**knobs),
+                     lora_streams(**knobs), grammar_streams(**knobs))

@@ -77,6 +77,8 @@ class Config:
     speculative_method: str = "ngram"
     # None: one full-attention group, the model of every stream before groups existed.
     kv_cache_groups: tuple[KVCacheGroup, ...] | None = None
+    # None: LoRA off (vLLM has no LoRAConfig); else at most this many adapters per step.
+    max_loras: int | None = None
     model: str = "qwen2.5-0.5b"
     max_steps: int = 1000
 
@@ -89,14 +91,37 @@ class Config:
         return self.num_speculative_tokens > 0 and self.speculative_method == "eagle"
 
     def to_json(self) -> dict[str, Any]:
-        """Every field, except ``kv_cache_groups`` when it is left out (so streams
-        written before groups existed keep their bytes and hashes)."""
-        out = asdict(self)
-        if self.kv_cache_groups is None:
-            del out["kv_cache_groups"]
-        else:
+        """Every field, except the optional features' fields when they are left out (so
+        streams written before those features existed keep their bytes and hashes)."""
+        out = _without_absent(asdict(self), OPTIONAL_CONFIG_FIELDS)
+        if self.kv_cache_groups is not None:
             out["kv_cache_groups"] = [g.to_json() for g in self.kv_cache_groups]
         return out
+
+
+#: Fields written to canonical JSON only when given (added after streams were first recorded).
+OPTIONAL_CONFIG_FIELDS = ("kv_cache_groups", "max_loras")
+OPTIONAL_REQUEST_FIELDS = ("lora", "structured_output")
+
+
+def _without_absent(d: dict[str, Any], optional: tuple[str, ...]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if not (k in optional and v is None)}
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """A grammar-constrained request (vLLM's structured outputs), with a scripted grammar.
+
+    ``ready_step``: the step before whose ``schedule()`` the grammar has compiled
+    (until then the request waits in WAITING_FOR_FSM).  ``rejected_tokens``: the
+    tokens the grammar never accepts; a draft list is cut before the first of them.
+    """
+
+    ready_step: int
+    rejected_tokens: tuple[int, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ready_step": self.ready_step, "rejected_tokens": list(self.rejected_tokens)}
 
 
 @dataclass(frozen=True)
@@ -119,6 +144,8 @@ class RequestSpec:
     cache_salt: str | None = None
     prompt_logprobs: int | None = None
     drafts: tuple[tuple[int, ...], ...] = ()
+    lora: str | None = None  # the LoRA adapter's name; None: the base model
+    structured_output: StructuredOutput | None = None
 
     @property
     def effective_max_tokens(self) -> int:
@@ -168,17 +195,30 @@ class Stream:
         return self.config.num_speculative_tokens > 0
 
 
+def lora_ids(stream: Stream) -> dict[str, int]:
+    """Each adapter's integer id: 1, 2, ... in order of first mention in the stream (a
+    server gives ids as it loads adapters; any order serves, as long as both engines
+    use the same one)."""
+    ids: dict[str, int] = {}
+    for r in stream.requests:
+        if r.lora is not None and r.lora not in ids:
+            ids[r.lora] = len(ids) + 1
+    return ids
+
+
 def canonical_json(obj: Any) -> str:
     """Deterministic compact JSON: sorted keys, no spaces."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 
 
 def _request_json(r: RequestSpec) -> dict[str, Any]:
-    d = asdict(r)
+    d = _without_absent(asdict(r), OPTIONAL_REQUEST_FIELDS)
     d["prompt"] = list(r.prompt)
     d["output"] = list(r.output)
     d["stop_token_ids"] = list(r.stop_token_ids)
     d["drafts"] = [list(x) for x in r.drafts]
+    if r.structured_output is not None:
+        d["structured_output"] = r.structured_output.to_json()
     return d
 
 
@@ -257,6 +297,7 @@ def _build(data: dict[str, Any], default_name: str) -> Stream:
         "prompt": tuple(r["prompt"]), "output": tuple(r["output"]),
         "stop_token_ids": tuple(r.get("stop_token_ids", ())),
         "drafts": tuple(tuple(d) for d in r.get("drafts", ())),
+        "structured_output": _structured_output(r),
     }) for r in data["requests"])
     config = dict(data.get("config", {}))
     if config.get("kv_cache_groups") is not None:
@@ -264,6 +305,16 @@ def _build(data: dict[str, Any], default_name: str) -> Stream:
     return Stream(Config(**config), requests,
                   data.get("name", default_name), data.get("description", ""),
                   tuple(sorted(set(data.get("reset_prefix_cache_steps", ())))))
+
+
+def _structured_output(r: dict[str, Any]) -> StructuredOutput | None:
+    """The grammar is ready at the request's arrival unless the stream says later."""
+    so = r.get("structured_output")
+    if so is None:
+        return None
+    ready = so.get("ready_step")
+    return StructuredOutput(r.get("arrival_step", 0) if ready is None else ready,
+                            tuple(so.get("rejected_tokens", ())))
 
 
 # -- shapes and bounds: the JSON Schema ------------------------------------------------
@@ -515,7 +566,28 @@ def _request_errors(s: Stream) -> list[str]:
             if s.speculative and len(d) > c.num_speculative_tokens:
                 errors.append(f"{where}.drafts[{j}]: at most num_speculative_tokens "
                               f"({c.num_speculative_tokens}) tokens")
+        if r.lora is not None and c.max_loras is None:
+            errors.append(f"{where}.lora: needs config.max_loras (vLLM refuses LoRA requests "
+                          "when LoRA is not enabled)")
+        errors += _structured_output_errors(r, where, c)
     if total > MAX_TOTAL_TOKENS:
         errors.append(f"requests: {total:,} tokens in all (prompts, outputs, drafts); "
                       f"at most {MAX_TOTAL_TOKENS:,}")
+    return errors
+
+
+def _structured_output_errors(r: RequestSpec, where: str, c: Config) -> list[str]:
+    so = r.structured_output
+    if so is None:
+        return []
+    errors = []
+    if so.ready_step < r.arrival_step:
+        errors.append(f"{where}.structured_output.ready_step: must be >= arrival_step "
+                      "(a grammar compiles after its request arrives)")
+    rejected = set(so.rejected_tokens)
+    spoken = r.output[:r.stop_index(c.max_model_len) + 1] if len(r.prompt) < c.max_model_len else ()
+    bad = sorted({t for t in spoken if t in rejected})
+    if bad:
+        errors.append(f"{where}.output: holds token(s) {bad} that structured_output rejects "
+                      "(the grammar's bitmask keeps the model from sampling them)")
     return errors

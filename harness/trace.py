@@ -21,8 +21,20 @@ ENGINE_FAILURE = "engine_failure"
 STEP_FIELDS = (
     "scheduled", "computed_before", "new_block_ids", "preempted", "finished", "prefix_hit_tokens",
     "spec_tokens", "emitted", "num_computed_tokens", "status", "free_blocks",
-    "evicted", "slots", "prefix_cache_reset",
+    "evicted", "slots", "prefix_cache_reset", "set_aside", "grammar_index", "bitmask_rows",
 )
+
+
+def optional_fields(stream: Stream) -> frozenset[str]:
+    """The step fields only streams using a feature carry (so that the traces of streams
+    written before the feature keep their bytes): ``set_aside`` with LoRA adapters or
+    structured output, ``grammar_index`` and ``bitmask_rows`` with structured output."""
+    fields = set()
+    if any(r.lora is not None or r.structured_output is not None for r in stream.requests):
+        fields.add("set_aside")
+    if any(r.structured_output is not None for r in stream.requests):
+        fields |= {"grammar_index", "bitmask_rows"}
+    return frozenset(fields)
 
 
 @dataclass
@@ -58,9 +70,10 @@ class Trace:
 
 def step_record(step: int, s: Scheduled, emitted: dict[str, list[int]],
                 states: dict[str, RequestState], free_blocks: int,
-                prefix_cache_reset: bool | None) -> dict[str, Any]:
-    """One step of a trace, as plain JSON-able data."""
-    return {
+                prefix_cache_reset: bool | None,
+                optional: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """One step of a trace, as plain JSON-able data (``optional``: see optional_fields)."""
+    record = {
         "step": step,
         "scheduled": [[rid, n] for rid, n in s.scheduled],
         "computed_before": dict(s.computed_before),
@@ -77,4 +90,8 @@ def step_record(step: int, s: Scheduled, emitted: dict[str, list[int]],
         "slots": {rid: [list(r) for r in ranges] for rid, ranges in s.slots.items()},
         "prefix_cache_reset": prefix_cache_reset,
     }
+    extra = {"set_aside": list(s.set_aside), "grammar_index": dict(s.grammar_index),
+             "bitmask_rows": [list(r) for r in s.bitmask_rows]}
+    record.update((k, v) for k, v in extra.items() if k in optional)
+    return record
 

@@ -1,7 +1,8 @@
 """The knobs the scheduler and the KV cache manager read.
 
 Mirrors: vllm/config/scheduler.py (SchedulerConfig), vllm/config/cache.py
-(CacheConfig) and the two members of SpeculativeConfig the scheduler uses;
+(CacheConfig), LoRAConfig's ``max_loras`` and the two members of
+SpeculativeConfig the scheduler uses;
 ``rules`` names the rule changes of the release described (reference.releases).
 """
 
@@ -27,6 +28,8 @@ class Config:
     use_eagle: bool = False
     # The KV cache groups, in order; none: one full-attention group of block_size.
     kv_cache_groups: tuple[KVCacheSpec, ...] = ()
+    # LoRA: the most distinct adapters in one step; None: LoRA off.
+    max_loras: int | None = None
     # Rule changes of a later release in effect (reference.releases); none: 0.11.0.
     rules: frozenset[str] = frozenset()
 

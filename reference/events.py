@@ -32,7 +32,14 @@ class CachedBlockEvicted:
     block_id: int
 
 
-Event = Union[Preempted, PrefixLookup, CachedBlockEvicted]
+@dataclass(frozen=True)
+class SetAside:
+    """A waiting request was passed over this step and goes back to the queue's head."""
+
+    request_id: str
+
+
+Event = Union[Preempted, PrefixLookup, CachedBlockEvicted, SetAside]
 Listener = Callable[[Event], None]
 
 

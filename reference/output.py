@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from reference.structured_output import GrammarBatch
+
 
 @dataclass
 class NewRequestData:
@@ -37,3 +39,5 @@ class SchedulerOutput:
     scheduled_spec_decode_tokens: dict[str, list[int]]
     # Requests that finished since the previous schedule() call.
     finished_req_ids: set[str] = field(default_factory=set)
+    # Structured output: batch indices of the constrained requests, and bitmask rows.
+    grammar: GrammarBatch = field(default_factory=GrammarBatch)

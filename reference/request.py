@@ -9,13 +9,15 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from reference.block_hash import BlockHash, extend_block_hashes
+from reference.block_hash import BlockHash, HashInputs, extend_block_hashes
+from reference.structured_output import Grammar
 
 
 class RequestStatus(enum.IntEnum):
     """Ordered as in vLLM: every status after PREEMPTED is a finished one."""
 
     WAITING = 1
+    WAITING_FOR_FSM = 2  # structured output: its grammar is still compiling
     RUNNING = 4
     PREEMPTED = 5
     FINISHED_STOPPED = 6
@@ -41,6 +43,8 @@ class Request:
     ignore_eos: bool = False
     cache_salt: str | None = None
     wants_prompt_logprobs: bool = False
+    lora_id: int | None = None  # the LoRA adapter's integer id; None: the base model
+    grammar: Grammar | None = None  # structured output's grammar; None: unconstrained
     # Set when prefix caching is on: keys are kept for every full block.
     hash_block_size: int | None = None
 
@@ -53,7 +57,13 @@ class Request:
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)
+        if self.grammar is not None:
+            self.status = RequestStatus.WAITING_FOR_FSM
         self._hash_new_full_blocks()
+
+    @property
+    def hash_inputs(self) -> HashInputs:
+        return HashInputs(self.lora_id, self.cache_salt)
 
     @property
     def num_tokens(self) -> int:
@@ -82,7 +92,7 @@ class Request:
         size = self.hash_block_size
         if size is not None and len(self.all_token_ids) >= (len(self.block_hashes) + 1) * size:
             extend_block_hashes(self.block_hashes, self.all_token_ids, self.hash_block_size,
-                                self.cache_salt)
+                                self.hash_inputs)
 
 
 def check_stop(request: Request, max_model_len: int, stop_tokens_first: bool = False) -> bool:

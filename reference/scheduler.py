@@ -13,7 +13,10 @@ parts:
 1. running requests, in running order, each getting pages or preempting the
    lowest-priority running request until it does (or until it preempts itself);
 2. waiting requests, only if nothing was preempted, while budget and seats
-   remain, each with its prefix hit; one that does not fit ends the part;
+   remain, each with its prefix hit; one that does not fit ends the part,
+   while one whose grammar is not ready, whose LoRA adapter finds no free
+   slot, or (chunked prefill off) whose prompt does not fit whole is set
+   aside for a later step;
 3. the output, after which every scheduled request's ``num_computed_tokens``
    is advanced at once (rejected drafts are taken back in ``update_from_output``).
 """
@@ -25,9 +28,11 @@ from dataclasses import dataclass, field
 from reference import events
 from reference.config import Config
 from reference.kv_cache_manager import KVCacheManager, block_ids
+from reference.lora import AdapterSlots
 from reference.output import CachedRequestData, NewRequestData, SchedulerOutput
 from reference.request import Request, RequestStatus, check_stop
 from reference.request_queue import RequestQueue, make_queue
+from reference.structured_output import grammar_batch
 
 
 @dataclass
@@ -44,6 +49,8 @@ class StepPlan:
     spec_tokens: dict[str, list[int]] = field(default_factory=dict)
     # Where the pass over the running requests is.
     running_index: int = 0
+    # The LoRA adapters of the step, once the running requests are scheduled.
+    adapters: AdapterSlots | None = None
 
     def grant(self, request: Request, num_tokens: int, block_ids: list[list[int]]) -> None:
         self.num_scheduled_tokens[request.request_id] = num_tokens
@@ -95,6 +102,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         plan = StepPlan(token_budget=self.config.max_num_batched_tokens)
         self._schedule_running(plan)
+        plan.adapters = AdapterSlots(self.config.max_loras, plan.running)
         if self.admits_waiting(plan):
             self._schedule_waiting(plan)
         self._check_limits(plan)
@@ -223,6 +231,9 @@ class Scheduler:
             if not self.has_free_seat():
                 break
             request = self.waiting.peek()
+            if self.waits_for_grammar(request) or plan.adapters.turns_away(request):
+                self.set_aside(set_aside, self.waiting.pop())
+                continue
             hit, num_hit, num_computed = self._lookup_prefix(request)
             num_new = self.waiting_grant(request, num_computed, plan)
             if num_new is None:
@@ -237,6 +248,16 @@ class Scheduler:
             self._admit(self.waiting.pop(), num_new, num_computed, plan)
         if len(set_aside):
             self.waiting.prepend_all(set_aside)
+
+    def waits_for_grammar(self, request: Request) -> bool:
+        """A request in WAITING_FOR_FSM is set aside until its grammar is ready; the
+        status changes only when the scheduler reaches it with the grammar ready."""
+        if request.status != RequestStatus.WAITING_FOR_FSM:
+            return False
+        if request.grammar.ready:
+            request.status = RequestStatus.WAITING
+            return False
+        return True
 
     def has_free_seat(self) -> bool:
         """At most ``max_num_seqs`` requests run at once."""
@@ -278,6 +299,7 @@ class Scheduler:
         several set aside in one step come back reversed
         (quirks.SKIPPED_WAITING_REQUESTS_REVERSED)."""
         set_aside.prepend(request)
+        self.emit(events.SetAside(request.request_id))
 
     def admission_lookahead(self, request: Request) -> int:
         """Eagle's lookahead slots are reserved for a resumed request, not a new one."""
@@ -286,6 +308,7 @@ class Scheduler:
     def _admit(self, request: Request, num_new: int, num_computed: int, plan: StepPlan) -> None:
         self.running.append(request)
         (plan.new if request.status == RequestStatus.WAITING else plan.resumed).append(request)
+        plan.adapters.take(request)
         plan.grant(request, num_new, self.kv.get_block_ids(request.request_id))
         request.status = RequestStatus.RUNNING
         request.num_computed_tokens = num_computed
@@ -310,7 +333,12 @@ class Scheduler:
             num_scheduled_tokens=dict(plan.num_scheduled_tokens),
             scheduled_spec_decode_tokens={k: list(v) for k, v in plan.spec_tokens.items()},
             finished_req_ids=self.finished_req_ids,
+            grammar=grammar_batch(self.worker_batch(plan), plan.spec_tokens),
         )
+
+    def worker_batch(self, plan: StepPlan) -> list[Request]:
+        """The step's requests in the worker's batch order: new, running, resumed."""
+        return plan.new + plan.running + plan.resumed
 
     def _advance_computed_tokens(self, output: SchedulerOutput) -> None:
         """Count the scheduled tokens as computed now, so the next step can go on."""
@@ -335,10 +363,13 @@ class Scheduler:
             if drafts:
                 self._take_back_rejected(request, drafts, tokens)
             status_before = request.status
-            if tokens and self._append_outputs(request, tokens):
+            kept, stopped = self._append_outputs(request, tokens)
+            if stopped:
                 self._free_request(request)
                 (stopped_running if status_before == RequestStatus.RUNNING
                  else stopped_waiting).append(request)
+            if kept and request.grammar is not None:
+                request.grammar.accept(kept)
         if stopped_running:
             gone = set(stopped_running)
             self.running = [r for r in self.running if r not in gone]
@@ -357,20 +388,23 @@ class Scheduler:
         """
         return len(drafts) - (len(tokens) - 1)
 
-    def _append_outputs(self, request: Request, tokens: list[int]) -> bool:
-        """Append tokens one by one; a stop drops the tokens after it."""
-        for token in tokens:
+    def _append_outputs(self, request: Request, tokens: list[int]) -> tuple[list[int], bool]:
+        """Append tokens one by one; a stop drops the tokens after it.  Returns the
+        tokens kept and whether the request stopped."""
+        for i, token in enumerate(tokens):
             request.append_output_token(token)
             if check_stop(request, self.config.max_model_len,
                           self.config.has("stop_tokens_before_length")):
-                return True
-        return False
+                return tokens[:i + 1], True
+        return tokens, False
 
     def update_draft_token_ids(self, drafts: dict[str, list[int]]) -> None:
         for req_id, tokens in drafts.items():
             request = self.requests.get(req_id)
             if request is None or request.is_finished:
                 continue
+            if tokens and request.grammar is not None:
+                tokens = request.grammar.validate(list(tokens))
             request.spec_token_ids = list(tokens)
 
 

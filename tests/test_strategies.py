@@ -171,6 +171,15 @@ def rules_reached(data: dict[str, Any]) -> set[str]:
             if len(groups) > 1 and rec["prefix_hit_tokens"].get(rid, 0) > 0 \
                     and any(0 in g for g in groups):
                 reached.add("hybrid_hit_with_null_pages")
+        for rid in rec.get("set_aside", ()):
+            if by_id[rid].lora is not None and config.enable_chunked_prefill \
+                    and rec["status"].get(rid) != "WAITING_FOR_FSM":
+                reached.add("lora_set_aside")
+        if "WAITING_FOR_FSM" in rec["status"].values():
+            reached.add("grammar_wait")
+        rows = [rid for rid, _ in rec.get("bitmask_rows", ())]
+        if any(rows.count(rid) > 1 for rid in rows):
+            reached.add("grammar_draft_rows")
         for rid in rec["preempted"]:
             preempted_at.setdefault(rid, step)
         final.update(rec["status"])

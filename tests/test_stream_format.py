@@ -38,13 +38,26 @@ def test_defaults():
 def test_to_json_makes_every_default_explicit():
     out = parse_stream(copy.deepcopy(MINIMAL)).to_json()
     assert set(out) == {"config", "requests"}
-    # Every field but kv_cache_groups, which is written only when given (old streams keep
-    # their bytes and hashes).
+    # Every field but the optional features' fields, which are written only when given
+    # (old streams keep their bytes and hashes).
     assert out["config"] == {f.name: f.default for f in fields(Config)
-                             if f.name != "kv_cache_groups"}
-    assert set(out["requests"][0]) == {f.name for f in fields(RequestSpec)}
+                             if f.name not in ("kv_cache_groups", "max_loras")}
+    assert set(out["requests"][0]) == {f.name for f in fields(RequestSpec)} - {
+        "lora", "structured_output"}
     assert out["requests"][0]["max_tokens"] is None
     assert out["requests"][0]["eos_token_id"] is None
+
+
+def test_optional_features_are_written_when_given():
+    data = copy.deepcopy(MINIMAL)
+    data["config"] = {"max_loras": 2}
+    data["requests"][0].update(lora="sql", structured_output={"rejected_tokens": [9]})
+    out = parse_stream(data).to_json()
+    assert out["config"]["max_loras"] == 2
+    assert out["requests"][0]["lora"] == "sql"
+    # ready_step defaults to the arrival step, written explicitly.
+    assert out["requests"][0]["structured_output"] == {"ready_step": 0, "rejected_tokens": [9]}
+    assert parse_stream(out).to_json() == out
 
 
 def test_round_trip_is_identity():

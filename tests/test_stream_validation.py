@@ -313,6 +313,32 @@ def test_draft_longer_than_num_speculative_tokens():
     rejects(data, r"^requests\[0\] \(a\)\.drafts\[1\]: at most num_speculative_tokens \(2\) tokens$")
 
 
+def test_lora_needs_max_loras():
+    rejects(stream(requests=[req(lora="sql")]),
+            r"^requests\[0\] \(a\)\.lora: needs config\.max_loras \(vLLM refuses LoRA requests "
+            r"when LoRA is not enabled\)$")
+
+
+def test_max_loras_at_least_one():
+    rejects(stream(config={"max_loras": 0}),
+            r"^config\.max_loras: must be >= 1 \(vLLM LoRAConfig\)$")
+
+
+def test_grammar_ready_before_arrival():
+    rejects(stream(requests=[req(arrival_step=3, structured_output={"ready_step": 2})]),
+            r"^requests\[0\] \(a\)\.structured_output\.ready_step: must be >= arrival_step")
+
+
+def test_output_holds_a_token_the_grammar_rejects():
+    rejects(stream(requests=[req(output=[5, 6, 7], structured_output={"rejected_tokens": [6]})]),
+            r"^requests\[0\] \(a\)\.output: holds token\(s\) \[6\] that structured_output rejects")
+
+
+def test_structured_output_unknown_field():
+    rejects(stream(requests=[req(structured_output={"grammar": "json"})]),
+            r"^requests\[0\] \(a\)\.structured_output\.grammar: unknown field")
+
+
 def test_drafts_valid():
     data = stream(config={"num_speculative_tokens": 2}, requests=[req(drafts=[[4, 5], [], [7]])])
     assert parse_stream(data).requests[0].drafts == ((4, 5), (), (7,))
@@ -401,8 +427,8 @@ def test_every_error_is_reported_at_once():
         'config.policy: must be "fcfs" or "priority"',
         "requests[0] (a).prompt: token ids must be >= 0",
         "requests[1] (b).extra: unknown field (allowed: abort_step, arrival_step, cache_salt, "
-        "drafts, eos_token_id, id, ignore_eos, max_tokens, output, prio"
-        "rity, prompt, prompt_logprobs, stop_token_ids)",
+        "drafts, eos_token_id, id, ignore_eos, lora, max_tokens, output, prio"
+        "rity, prompt, prompt_logprobs, stop_token_ids, structured_output)",
         "requests[1] (b).output: must be a list of integers",
         "requests[2] (c).output: required field is missing",
         "requests[2] (c).prompt: required field is missing",

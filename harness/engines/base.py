@@ -43,6 +43,12 @@ class Scheduled:
     # {req_id: [[first_slot, last_slot_exclusive], ...]} KV slots written this step;
     # with several KV cache groups, one such list per group.
     slots: dict[str, list] = field(default_factory=dict)
+    # Waiting requests passed over and put back at the queue's head, in order.
+    set_aside: list[str] = field(default_factory=list)
+    # Structured output: {req_id: batch index} of the constrained requests, and the
+    # bitmask rows in order as [req_id, grammar state].
+    grammar_index: dict[str, int] = field(default_factory=dict)
+    bitmask_rows: list[list] = field(default_factory=list)
 
 
 @dataclass
@@ -81,6 +87,9 @@ class Engine(Protocol):
     def set_drafts(self, drafts: dict[str, list[int]]) -> None:
         """vLLM's update_draft_token_ids."""
 
+    def grammar_ready(self, req_id: str) -> None:
+        """The request's grammar has compiled (structured output)."""
+
     def state(self, req_id: str) -> RequestState: ...
 
     def num_free_blocks(self) -> int: ...
@@ -113,6 +122,7 @@ class Observed:
     preempted: list[str] = field(default_factory=list)
     hits: dict[str, int] = field(default_factory=dict)  # prefix lookups: tokens found
     evicted: list[int] = field(default_factory=list)
+    set_aside: list[str] = field(default_factory=list)
 
 
 class WorkerTable(Protocol):
@@ -129,14 +139,17 @@ def to_scheduled(handed: Iterable[Handed], num_scheduled_tokens: Iterable[tuple[
                  spec_tokens: dict[str, list[int]], finished: Iterable[str],
                  computed_before: dict[str, int], observed: Observed,
                  workers: list[WorkerTable], rows: dict[str, int],
-                 sizes: Callable[[str], tuple[int, int]]) -> Scheduled:
+                 sizes: Callable[[str], tuple[int, int]],
+                 grammar_index: dict[str, int] | None = None,
+                 bitmask_rows: Iterable[tuple[str, int]] = ()) -> Scheduled:
     """One step in engine-neutral form.
 
     ``computed_before`` is every request's ``num_computed_tokens`` before the
     step; a handed request's own count replaces it.  ``sizes(req_id)`` gives
     its ``(num_tokens, num_output_tokens)``.  ``workers`` holds one worker
     table per KV cache group; each is fed its group's pages in the order the
-    output lists them, as vLLM's model runner does.
+    output lists them, as vLLM's model runner does.  ``grammar_index`` and
+    ``bitmask_rows`` are the output's structured-output part.
     """
     computed_before = dict(computed_before)
     new_block_ids: dict[str, list[list[int]]] = {}
@@ -170,6 +183,9 @@ def to_scheduled(handed: Iterable[Handed], num_scheduled_tokens: Iterable[tuple[
         evicted=list(observed.evicted),
         slots={rid: written_slots(workers, rows[rid], computed_before[rid], n)
                for rid, n in scheduled},
+        set_aside=list(observed.set_aside),
+        grammar_index=dict(grammar_index or {}),
+        bitmask_rows=[[rid, state] for rid, state in bitmask_rows],
     )
 
 

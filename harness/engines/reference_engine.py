@@ -11,10 +11,11 @@ from reference.kv_cache_spec import MAMBA, KVCacheSpec
 from reference.request import Request, RequestStatus
 from reference.scheduler import Scheduler
 from reference.slot_mapping import WorkerBlockTable
+from reference.structured_output import Grammar
 
 from harness.engines.base import (NEW, RESUMED, RUNNING, Handed, Observed, RequestState,
                                   Scheduled, to_scheduled)
-from harness.stream import RequestSpec, Stream
+from harness.stream import RequestSpec, Stream, lora_ids
 from reference.arith import cdiv
 
 def reference_config(stream: Stream, rules: frozenset[str] = frozenset()) -> Config:
@@ -27,7 +28,8 @@ def reference_config(stream: Stream, rules: frozenset[str] = frozenset()) -> Con
         enable_prefix_caching=c.enable_prefix_caching,
         long_prefill_token_threshold=c.long_prefill_token_threshold, policy=c.policy,
         num_speculative_tokens=c.num_speculative_tokens, use_eagle=c.uses_eagle,
-        kv_cache_groups=() if c.kv_cache_groups is None else group_specs(c))
+        kv_cache_groups=() if c.kv_cache_groups is None else group_specs(c),
+        max_loras=c.max_loras)
 
 
 def group_specs(c) -> tuple[KVCacheSpec, ...]:
@@ -63,6 +65,8 @@ class Recorder:
             seen.hits[event.request_id] = event.num_hit_tokens
         elif isinstance(event, events.CachedBlockEvicted):
             seen.evicted.append(event.block_id)
+        elif isinstance(event, events.SetAside):
+            seen.set_aside.append(event.request_id)
 
 
 class ReferenceEngine:
@@ -80,6 +84,7 @@ class ReferenceEngine:
 
     def start(self, stream: Stream) -> None:
         self.config = reference_config(stream, self.rules)
+        self.lora_ids = lora_ids(stream)
         self.recorder = Recorder()
         self.sched = Scheduler(self.config, self.recorder)
         self.requests: dict[str, Request] = {}
@@ -101,6 +106,9 @@ class ReferenceEngine:
             priority=spec.priority, eos_token_id=spec.eos_token_id,
             stop_token_ids=tuple(spec.stop_token_ids), ignore_eos=spec.ignore_eos,
             cache_salt=spec.cache_salt, wants_prompt_logprobs=spec.prompt_logprobs is not None,
+            lora_id=self.lora_ids.get(spec.lora),
+            grammar=None if spec.structured_output is None
+            else Grammar(frozenset(spec.structured_output.rejected_tokens)),
             hash_block_size=c.block_size if c.enable_prefix_caching else None)
         self.requests[spec.id] = req
         self.rows[spec.id] = arrival_index
@@ -123,13 +131,17 @@ class ReferenceEngine:
         return to_scheduled(
             handed, out.num_scheduled_tokens.items(), out.scheduled_spec_decode_tokens,
             out.finished_req_ids, before, self.recorder.observed, self.workers, self.rows,
-            lambda rid: (reqs[rid].num_tokens, reqs[rid].num_output_tokens))
+            lambda rid: (reqs[rid].num_tokens, reqs[rid].num_output_tokens),
+            out.grammar.batch_index, [(r.request_id, r.grammar_state) for r in out.grammar.rows])
 
     def update(self, scheduled: Scheduled, sampled: dict[str, list[int]]) -> None:
         self.sched.update_from_output(self._last_output, sampled)
 
     def set_drafts(self, drafts: dict[str, list[int]]) -> None:
         self.sched.update_draft_token_ids(drafts)
+
+    def grammar_ready(self, req_id: str) -> None:
+        self.requests[req_id].grammar.ready = True
 
     def state(self, req_id: str) -> RequestState:
         r = self.requests[req_id]

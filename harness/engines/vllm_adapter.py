@@ -17,18 +17,33 @@ The worker's view of the KV slots is computed with vLLM's own
 Speculative decoding: vLLM's ``SpeculativeConfig`` wants a draft model, but the
 scheduler reads only ``num_speculative_tokens`` and ``use_eagle()``; a small
 stand-in object with exactly those two members takes its place.
+
+LoRA: real ``LoRARequest``s (their adapter path is never read: the scheduler
+reads only the integer id) under a real ``LoRAConfig``.
+
+Structured output: vLLM compiles a grammar with a backend (xgrammar) that needs
+the tokenizer, which is not available offline.  The request, its
+``StructuredOutputRequest`` and vLLM's ``StructuredOutputManager`` are real; the
+grammar is :class:`ScriptedGrammar` (it rejects the stream's tokens and writes
+its state into the bitmask), handed over through a ``Future`` that the harness
+completes at the stream's ``ready_step`` (vLLM's ``grammar_init`` hands a
+``Future`` of the compiling backend), and the backend is
+:class:`BitmaskBackend`, which only allocates the bitmask.
 """
 
 from __future__ import annotations
 
 from harness.engines import vllm_env  # before vLLM is imported
 
+from concurrent.futures import Future  # noqa: E402
+
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import vllm  # noqa: E402
-from vllm.config import (CacheConfig, DeviceConfig, ModelConfig,  # noqa: E402
+from vllm.config import (CacheConfig, DeviceConfig, LoRAConfig, ModelConfig,  # noqa: E402
                          SchedulerConfig, VllmConfig)
-from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.lora.request import LoRARequest  # noqa: E402
+from vllm.sampling_params import SamplingParams, StructuredOutputsParams  # noqa: E402
 from vllm.v1.core.kv_cache_utils import (get_request_block_hasher,  # noqa: E402
                                          init_none_hash)
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
@@ -38,13 +53,15 @@ from vllm.v1.kv_cache_interface import (ChunkedLocalAttentionSpec,  # noqa: E402
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+from vllm.v1.structured_output.backend_types import StructuredOutputGrammar  # noqa: E402
+from vllm.v1.structured_output.request import StructuredOutputRequest  # noqa: E402
 from vllm.v1.worker.block_table import BlockTable  # noqa: E402
 
 from harness.engines import vllm_compat as compat  # noqa: E402
 from harness.engines.base import (NEW, RESUMED, RUNNING, Handed, Observed,  # noqa: E402
                                   RequestState, Scheduled, to_scheduled)
 from harness.paths import MODELS_DIR  # noqa: E402
-from harness.stream import Config, RequestSpec, Stream  # noqa: E402
+from harness.stream import Config, RequestSpec, Stream, lora_ids  # noqa: E402
 from reference.arith import cdiv  # noqa: E402
 
 vllm_env.quiet_vllm_logs()
@@ -70,6 +87,53 @@ class SpeculativeStandIn:
 
     def uses_draft_model(self) -> bool:
         return self.method == "draft_model"
+
+
+class ScriptedGrammar(StructuredOutputGrammar):
+    """Stands in for a compiled grammar: rejects the stream's ``rejected_tokens``, never
+    terminates, and counts the tokens it has accepted (its state).  A bitmask row it
+    fills holds the request's row number in the harness and that state."""
+
+    def __init__(self, rejected: frozenset[int], row: int):
+        self.rejected = rejected
+        self.row = row
+        self.num_accepted = 0
+
+    def accept_tokens(self, request_id: str, tokens: list[int]) -> bool:
+        if any(t in self.rejected for t in tokens):
+            return False
+        self.num_accepted += len(tokens)
+        return True
+
+    def validate_tokens(self, tokens: list[int]) -> list[int]:
+        for i, t in enumerate(tokens):
+            if t in self.rejected:
+                return tokens[:i]
+        return list(tokens)
+
+    def rollback(self, num_tokens: int) -> None:
+        self.num_accepted -= num_tokens
+
+    def fill_bitmask(self, bitmask: torch.Tensor, batch_index: int) -> None:
+        bitmask[batch_index, 0] = self.row
+        bitmask[batch_index, 1] = self.num_accepted
+
+    def is_terminated(self) -> bool:
+        return False
+
+    def reset(self) -> None:
+        self.num_accepted = 0
+
+
+class BitmaskBackend:
+    """Stands in for the structured-output backend: the manager only asks it for the
+    bitmask tensor (two int32 columns: row number and grammar state)."""
+
+    def allocate_token_bitmask(self, max_num_seqs: int) -> torch.Tensor:
+        return torch.full((max_num_seqs, 2), -1, dtype=torch.int32)
+
+    def destroy(self) -> None:
+        pass
 
 
 class WorkerTable:
@@ -129,8 +193,9 @@ def build_scheduler(c: Config) -> Scheduler:
     cc = CacheConfig(block_size=c.block_size, enable_prefix_caching=c.enable_prefix_caching,
                      **compat.cache_config_kwargs())
     cc.num_gpu_blocks = c.num_gpu_blocks
+    lora = None if c.max_loras is None else LoRAConfig(max_loras=c.max_loras)
     vc = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc,
-                    device_config=DeviceConfig("cpu"))
+                    device_config=DeviceConfig("cpu"), lora_config=lora)
     if c.num_speculative_tokens > 0:
         object.__setattr__(vc, "speculative_config",
                            SpeculativeStandIn(c.num_speculative_tokens, c.speculative_method))
@@ -201,6 +266,10 @@ class VllmEngine:
         self.rows: dict[str, int] = {}
         self.workers = [WorkerTable(c, g.kv_cache_spec.block_size, len(stream.requests))
                         for g in self.sched.kv_cache_config.kv_cache_groups]
+        self.lora_ids = lora_ids(stream)
+        self.row_ids: dict[int, str] = {}
+        self.grammars: dict[str, tuple[Future, frozenset[int]]] = {}
+        self.sched.structured_output_manager.backend = BitmaskBackend()
         self._install_hooks()
 
     # -- hooks -------------------------------------------------------------
@@ -234,6 +303,8 @@ class VllmEngine:
         kvm.free = free
         kvm.get_computed_blocks = get_computed_blocks
         pool._maybe_evict_cached_block = maybe_evict
+        self._set_aside_queue = compat.set_aside_queue_hook(
+            lambda request: self._observed.set_aside.append(request.request_id))
 
     # -- the engine interface ---------------------------------------------------
 
@@ -244,17 +315,34 @@ class VllmEngine:
         self.sched.finish_requests(req_id, RequestStatus.FINISHED_ABORTED)
 
     def add(self, spec: RequestSpec, arrival_index: int) -> None:
+        so = spec.structured_output
         params = SamplingParams(
             max_tokens=spec.effective_max_tokens, ignore_eos=spec.ignore_eos,
-            stop_token_ids=list(spec.stop_token_ids), prompt_logprobs=spec.prompt_logprobs)
+            stop_token_ids=list(spec.stop_token_ids), prompt_logprobs=spec.prompt_logprobs,
+            structured_outputs=None if so is None else StructuredOutputsParams(json_object=True))
+        lora = None if spec.lora is None else LoRARequest(
+            lora_name=spec.lora, lora_int_id=self.lora_ids[spec.lora],
+            lora_path=f"/nonexistent/lora/{spec.lora}")
+        structured = None
+        if so is not None:
+            compiling: Future = Future()
+            structured = StructuredOutputRequest(sampling_params=params)
+            structured.grammar = compiling
+            self.grammars[spec.id] = (compiling, frozenset(so.rejected_tokens))
         req = Request(
             request_id=spec.id, prompt_token_ids=list(spec.prompt), sampling_params=params,
             pooling_params=None, **compat.request_eos_kwargs(params, spec.eos_token_id),
             arrival_time=float(arrival_index), cache_salt=spec.cache_salt,
-            priority=spec.priority, block_hasher=self.hasher)
+            priority=spec.priority, lora_request=lora, structured_output_request=structured,
+            block_hasher=self.hasher)
         self.requests[spec.id] = req
         self.rows[spec.id] = arrival_index
+        self.row_ids[arrival_index] = spec.id
         self.sched.add_request(req)
+
+    def grammar_ready(self, req_id: str) -> None:
+        grammar, rejected = self.grammars[req_id]
+        grammar.set_result(ScriptedGrammar(rejected, self.rows[req_id]))
 
     def num_unfinished(self) -> int:
         return self.sched.get_num_unfinished_requests()
@@ -264,7 +352,8 @@ class VllmEngine:
         self._observed = Observed()
         self._in_schedule = True
         try:
-            out = self.sched.schedule()
+            with self._set_aside_queue():
+                out = self.sched.schedule()
         finally:
             self._in_schedule = False
         self._last_output = out
@@ -278,10 +367,12 @@ class VllmEngine:
                           cached.num_computed_tokens[i])
                    for i, rid in enumerate(cached.req_ids)]
         reqs = self.requests
+        grammar_index, bitmask = compat.grammar_output(self.sched, out)
         return to_scheduled(
             handed, out.num_scheduled_tokens.items(), out.scheduled_spec_decode_tokens,
             out.finished_req_ids, before, self._observed, self.workers, self.rows,
-            lambda rid: (reqs[rid].num_tokens, reqs[rid].num_output_tokens))
+            lambda rid: (reqs[rid].num_tokens, reqs[rid].num_output_tokens),
+            grammar_index, [(self.row_ids[int(row)], int(state)) for row, state in bitmask])
 
     def update(self, scheduled: Scheduled, sampled: dict[str, list[int]]) -> None:
         ids = [rid for rid, _ in scheduled.scheduled]

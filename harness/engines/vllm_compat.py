@@ -161,3 +161,44 @@ def sampled_token_ids(tokens: list[list[int]]) -> list:
         _note("sampled_token_ids as numpy arrays")
         return [np.array(t, dtype=np.int64) for t in tokens]
     return tokens
+
+
+def set_aside_queue_hook(record):
+    """A context manager for one ``schedule()`` call: the queue vLLM makes there for the
+    waiting requests it passes over (``skipped_waiting_requests``) reports each request
+    put into it to ``record``.  The scheduler's own waiting queue is made at start-up,
+    outside the hook, so it is not affected."""
+    import contextlib
+
+    from vllm.v1.core.sched import scheduler as sched_module
+    real = sched_module.create_request_queue
+
+    def recording_queue(policy):
+        queue = real(policy)
+        base = type(queue)
+
+        class Recording(base):
+            def prepend_request(self, request):
+                record(request)
+                return super().prepend_request(request)
+
+        queue.__class__ = Recording
+        return queue
+
+    @contextlib.contextmanager
+    def hooked():
+        sched_module.create_request_queue = recording_queue
+        try:
+            yield
+        finally:
+            sched_module.create_request_queue = real
+    return hooked
+
+
+def grammar_output(scheduler, output) -> tuple[dict[str, int], list]:
+    """The step's structured-output part: {request id: batch index} and the bitmask rows
+    (each row: [harness row number, grammar state], written by the scripted grammar)."""
+    index = dict(output.structured_output_request_ids or {})
+    bitmask = output.grammar_bitmask
+    rows = [] if bitmask is None else bitmask.tolist()
+    return index, rows

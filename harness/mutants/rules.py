@@ -15,7 +15,7 @@ from harness.patches import (BLOCK_POOL, KV_CACHE_COORDINATOR, KV_CACHE_MANAGER,
                              MODEL_CONFIG,
                              REQUEST, REQUEST_QUEUE, SCHED_UTILS, SCHEDULER, SINGLE_TYPE,
                              WORKER_BLOCK_TABLE, Mutant, replace)
-from harness.patches import HYBRID_MODEL_CONFIG, KV_CACHE_INTERFACE, VLLM_CONFIG
+from harness.patches import HYBRID_MODEL_CONFIG, KV_CACHE_INTERFACE, STRUCTURED_OUTPUT, VLLM_CONFIG
 from reference import block_hash as rhash
 from reference import block_pool as rbp
 from reference import config as rconfig
@@ -24,11 +24,13 @@ from reference import kv_cache_coordinator as rkc
 from reference import kv_cache_manager as rkv
 from reference import kv_sizing as rkvs
 from reference import kv_sizing_hybrid as rkvh
+from reference import lora as rlora
 from reference import request as rreq
 from reference import request_queue as rq
 from reference import scheduler as rsched
 from reference import releases
 from reference import slot_mapping as rslots
+from reference import structured_output as rso
 from reference.request import RequestStatus
 
 MUTANTS: list[Mutant] = []
@@ -139,6 +141,14 @@ def chunked_local_caching(c) -> bool:
     return chunked_local(c) and caching(c)
 
 
+def lora(c) -> bool:
+    return c.max_loras is not None
+
+
+def lora_and_caching(c) -> bool:
+    return lora(c) and caching(c)
+
+
 
 
 # -- the block pool and the KV cache manager --------------------------------------------
@@ -188,9 +198,15 @@ def _only_without_caching(self, request):
 
 
 @mutant("cache_salt_ignored", "cache_salt is an extra key of the first block", KV_CACHE_UTILS,
-        replaces=(rhash, "extra_keys"), applies=caching)
-def _no_extra_keys(cache_salt, block_start):
-    return None
+        replaces=(rhash, "salt_keys"), applies=caching)
+def _no_salt_keys(cache_salt, block_start):
+    return ()
+
+
+@mutant("lora_not_in_hash", "a LoRA adapter's id is an extra key of every block", KV_CACHE_UTILS,
+        replaces=(rhash, "lora_keys"), applies=lora_and_caching)
+def _no_lora_keys(lora_id):
+    return ()
 
 
 _extend_block_hashes = rhash.extend_block_hashes
@@ -202,7 +218,7 @@ def _cache_with_drafts(self, request, num_tokens):
     # Treat drafts as final: hash and cache the pages they fill too.
     tokens = request.all_token_ids + request.spec_token_ids
     hashes = list(request.block_hashes)
-    _extend_block_hashes(hashes, tokens, self.block_size, request.cache_salt)
+    _extend_block_hashes(hashes, tokens, self.block_size, request.hash_inputs)
     num_full = min(num_tokens + len(request.spec_token_ids), len(tokens)) // self.block_size
     num_cached = self.num_cached_block[request.request_id]
     self.pool.cache_full_blocks(hashes, self.table(request.request_id), num_cached, num_full,
@@ -662,6 +678,75 @@ MUTANTS += [
            equivalent="a positive threshold caps like min(n, threshold), and min commutes with "
                       "the budget's min: both orders give the same count"),
 ]
+
+
+# -- LoRA adapters and structured output -------------------------------------------------
+
+@mutant("lora_slots_ignored", "a waiting request whose adapter finds no free slot is set aside",
+        SCHEDULER, replaces=(rlora.AdapterSlots, "turns_away"), applies=lora)
+def _never_turned_away(self, request):
+    return False
+
+
+_adapter_slots_init = rlora.AdapterSlots.__init__
+
+
+@mutant("lora_slots_without_running", "the running requests' adapters fill the step's slots first",
+        SCHEDULER, replaces=(rlora.AdapterSlots, "__init__"), applies=lora)
+def _slots_start_empty(self, max_loras, scheduled_running):
+    _adapter_slots_init(self, max_loras, ())
+
+
+@mutant("lora_same_adapter_turned_away", "a request whose adapter is already in the step joins it",
+        SCHEDULER, replaces=(rlora.AdapterSlots, "turns_away"), applies=lora)
+def _full_slots_turn_everyone_away(self, request):
+    return (self.max_loras is not None and request.lora_id is not None
+            and len(self.ids) == self.max_loras)
+
+
+@mutant("grammar_wait_ignored", "a request waits in WAITING_FOR_FSM until its grammar is ready",
+        SCHEDULER, replaces=(rsched.Scheduler, "waits_for_grammar"))
+def _grammar_never_awaited(self, request):
+    if request.status == RequestStatus.WAITING_FOR_FSM:
+        request.status = RequestStatus.WAITING
+    return False
+
+
+_schedule = rsched.Scheduler.schedule
+
+
+@mutant("grammar_status_at_readiness", "WAITING_FOR_FSM ends when the scheduler reaches the "
+        "request with its grammar ready, not when the grammar compiles", SCHEDULER,
+        replaces=(rsched.Scheduler, "schedule"))
+def _status_flips_on_compile(self):
+    for request in self.requests.values():
+        if request.status == RequestStatus.WAITING_FOR_FSM and request.grammar.ready:
+            request.status = RequestStatus.WAITING
+    return _schedule(self)
+
+
+@mutant("drafts_not_validated", "drafts are cut before the first token the grammar rejects",
+        SCHEDULER, replaces=(rso.Grammar, "validate"), applies=drafts)
+def _every_draft_valid(self, tokens):
+    return list(tokens)
+
+
+@mutant("grammar_batch_running_first", "the worker's batch lists new, then running, then "
+        "resumed requests", SCHEDULER, replaces=(rsched.Scheduler, "worker_batch"))
+def _running_first(self, plan):
+    return plan.running + plan.new + plan.resumed
+
+
+@mutant("bitmask_rows_not_rolled_back", "the grammar steps back after filling a request's rows",
+        STRUCTURED_OUTPUT, replaces=(rso.Grammar, "rollback"), applies=drafts)
+def _no_rollback(self, num_tokens):
+    return None
+
+
+@mutant("grammar_not_advanced", "the tokens a constrained request emits advance its grammar",
+        SCHEDULER, replaces=(rso.Grammar, "accept"))
+def _outputs_not_accepted(self, tokens):
+    return None
 
 
 # -- the rule changes of later releases (reference/releases.py) ---------------------------

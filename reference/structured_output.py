@@ -1,0 +1,93 @@
+"""Structured output: what the scheduler does for grammar-constrained requests.
+
+Mirrors: vllm/v1/structured_output/__init__.py (StructuredOutputManager:
+grammar_bitmask, should_advance), vllm/v1/structured_output/request.py, and
+the structured-output parts of vllm/v1/core/sched/scheduler.py.
+
+vLLM compiles a request's grammar in the background; until it is ready the
+request waits in WAITING_FOR_FSM and is set aside each step (the scheduler
+only notices a ready grammar when it reaches the request in the waiting
+queue).  Once running:
+
+* its drafts are cut before the first token the grammar rejects, when they
+  are handed to the scheduler;
+* each step that schedules it gets bitmask rows: one per scheduled draft plus
+  one for the token after them, filled from the grammar's state advanced
+  draft by draft (and rolled back afterwards);
+* the tokens it emits advance the grammar.
+
+The grammar here is the harness's scripted stand-in for a compiled one (see
+docs/stream-format.md): it rejects a fixed set of tokens, never terminates,
+and its state is the number of tokens it has accepted, which is what it
+writes into a bitmask row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Grammar:
+    """A scripted grammar: rejects ``rejected`` tokens, counts the tokens it accepted."""
+
+    rejected: frozenset[int] = frozenset()
+    ready: bool = False
+    num_accepted: int = 0
+
+    def validate(self, tokens: list[int]) -> list[int]:
+        """The longest prefix the grammar accepts, without advancing it."""
+        for i, token in enumerate(tokens):
+            if token in self.rejected:
+                return tokens[:i]
+        return list(tokens)
+
+    def accept(self, tokens: list[int]) -> None:
+        self.num_accepted += len(tokens)
+
+    def rollback(self, num_tokens: int) -> None:
+        self.num_accepted -= num_tokens
+
+
+@dataclass
+class BitmaskRow:
+    request_id: str
+    grammar_state: int
+
+
+@dataclass
+class GrammarBatch:
+    """The step's grammar part of the output: the batch index of every constrained
+    request (vLLM's ``structured_output_request_ids``) and the bitmask rows."""
+
+    batch_index: dict[str, int] = field(default_factory=dict)
+    rows: list[BitmaskRow] = field(default_factory=list)
+
+
+def grammar_batch(batch: list, spec_tokens: dict[str, list[int]]) -> GrammarBatch:
+    """Index the constrained requests by their place in ``batch`` and fill their rows.
+
+    ``batch`` is the step's requests in the order vLLM lists them for the worker:
+    new ones, then running ones, then resumed ones (not the order of
+    ``num_scheduled_tokens``).
+    """
+    out = GrammarBatch()
+    for i, request in enumerate(batch):
+        if request.grammar is not None:
+            out.batch_index[request.request_id] = i
+    for request_id in sorted(out.batch_index, key=out.batch_index.get):
+        request = batch[out.batch_index[request_id]]
+        out.rows += rows_of(request, spec_tokens.get(request_id, []))
+    return out
+
+
+def rows_of(request, drafts: list[int]) -> list[BitmaskRow]:
+    """One row per draft plus one: the grammar steps through the drafts, then back."""
+    grammar = request.grammar
+    rows = []
+    for token in drafts + [None]:
+        rows.append(BitmaskRow(request.request_id, grammar.num_accepted))
+        if token is not None:
+            grammar.accept([token])
+    grammar.rollback(len(drafts))
+    return rows
