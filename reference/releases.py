@@ -74,6 +74,13 @@ CHANGES: tuple[RuleChange, ...] = (
         "next token, the request's last cached page too (0.11.0 keeps that one; the "
         "pages to skip now come from get_num_skipped_tokens).  Found by hybrid streams "
         "on the 0.11.1 side environment."),
+    RuleChange(
+        "grammar_rows_in_grant_order", "0.11.1", "",
+        "Structured output: the constrained requests' bitmask rows follow the order tokens "
+        "were granted in (num_scheduled_tokens: running requests first, then admissions), "
+        "and a request's index counts constrained requests only.  (0.11.0 follows the "
+        "worker's batch, new then running then resumed, and indexes the whole batch.)  "
+        "The engine now asks for the bitmask after schedule() (get_grammar_bitmask)."),
 )
 
 _BY_NAME = {c.name: c for c in CHANGES}

@@ -333,8 +333,16 @@ class Scheduler:
             num_scheduled_tokens=dict(plan.num_scheduled_tokens),
             scheduled_spec_decode_tokens={k: list(v) for k, v in plan.spec_tokens.items()},
             finished_req_ids=self.finished_req_ids,
-            grammar=grammar_batch(self.worker_batch(plan), plan.spec_tokens),
+            grammar=self.grammar_batch(plan),
         )
+
+    def grammar_batch(self, plan: StepPlan):
+        """The structured-output part of the step.  0.11.0 orders it as the worker's
+        batch; from 0.11.1 (grammar_rows_in_grant_order) in the order tokens were granted."""
+        if self.config.has("grammar_rows_in_grant_order"):
+            granted = [self.requests[rid] for rid in plan.num_scheduled_tokens]
+            return grammar_batch(granted, plan.spec_tokens, index_among_constrained=True)
+        return grammar_batch(self.worker_batch(plan), plan.spec_tokens)
 
     def worker_batch(self, plan: StepPlan) -> list[Request]:
         """The step's requests in the worker's batch order: new, running, resumed."""

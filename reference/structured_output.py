@@ -64,20 +64,22 @@ class GrammarBatch:
     rows: list[BitmaskRow] = field(default_factory=list)
 
 
-def grammar_batch(batch: list, spec_tokens: dict[str, list[int]]) -> GrammarBatch:
-    """Index the constrained requests by their place in ``batch`` and fill their rows.
+def grammar_batch(batch: list, spec_tokens: dict[str, list[int]],
+                  index_among_constrained: bool = False) -> GrammarBatch:
+    """Index the constrained requests of ``batch`` and fill their rows, in that order.
 
-    ``batch`` is the step's requests in the order vLLM lists them for the worker:
-    new ones, then running ones, then resumed ones (not the order of
-    ``num_scheduled_tokens``).
+    0.11.0 indexes a request by its place in the whole batch, whose order is the
+    one vLLM lists requests in for the worker (new, running, resumed).  From 0.11.1
+    (grammar_rows_in_grant_order) the batch is in ``num_scheduled_tokens`` order and
+    the index counts constrained requests only (``index_among_constrained``).
     """
     out = GrammarBatch()
-    for i, request in enumerate(batch):
-        if request.grammar is not None:
-            out.batch_index[request.request_id] = i
-    for request_id in sorted(out.batch_index, key=out.batch_index.get):
-        request = batch[out.batch_index[request_id]]
-        out.rows += rows_of(request, spec_tokens.get(request_id, []))
+    constrained = [r for r in batch if r.grammar is not None]
+    for request in constrained:
+        position = constrained if index_among_constrained else batch
+        out.batch_index[request.request_id] = position.index(request)
+    for request in constrained:
+        out.rows += rows_of(request, spec_tokens.get(request.request_id, []))
     return out
 
 

@@ -27,6 +27,14 @@ RULES = {r.name: r for r in named_rules()}
 
 # Bundled fixtures named after a rule, and the rule's mutant that must change their trace.
 FIXTURE_SHOWS = {
+    "grammar_batch_new_first": ["grammar_batch_running_first",
+                                "grammar_rows_in_grant_order_dropped"],
+    "grammar_cuts_drafts": ["drafts_not_validated", "bitmask_rows_not_rolled_back",
+                            "grammar_not_advanced"],
+    "grammar_waits_for_fsm": ["grammar_wait_ignored", "grammar_status_at_readiness"],
+    "lora_adapter_in_block_hash": ["lora_not_in_hash"],
+    "lora_full_slots_set_aside": ["lora_slots_ignored", "lora_same_adapter_turned_away"],
+    "lora_running_adapter_holds_slot": ["lora_slots_without_running"],
     "block_table_free_queue_order": ["free_forward_order"],
     "cached_page_loses_hash_on_reuse": ["hash_kept_on_reuse"],
     "chunked_prefill_off_set_aside_reversed": ["set_aside_order_kept"],

@@ -54,7 +54,6 @@ from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 from vllm.v1.structured_output.backend_types import StructuredOutputGrammar  # noqa: E402
-from vllm.v1.structured_output.request import StructuredOutputRequest  # noqa: E402
 from vllm.v1.worker.block_table import BlockTable  # noqa: E402
 
 from harness.engines import vllm_compat as compat  # noqa: E402
@@ -323,18 +322,16 @@ class VllmEngine:
         lora = None if spec.lora is None else LoRARequest(
             lora_name=spec.lora, lora_int_id=self.lora_ids[spec.lora],
             lora_path=f"/nonexistent/lora/{spec.lora}")
-        structured = None
-        if so is not None:
-            compiling: Future = Future()
-            structured = StructuredOutputRequest(sampling_params=params)
-            structured.grammar = compiling
-            self.grammars[spec.id] = (compiling, frozenset(so.rejected_tokens))
         req = Request(
             request_id=spec.id, prompt_token_ids=list(spec.prompt), sampling_params=params,
             pooling_params=None, **compat.request_eos_kwargs(params, spec.eos_token_id),
             arrival_time=float(arrival_index), cache_salt=spec.cache_salt,
-            priority=spec.priority, lora_request=lora, structured_output_request=structured,
-            block_hasher=self.hasher)
+            priority=spec.priority, lora_request=lora, block_hasher=self.hasher,
+            **(compat.structured_output_request_kwargs(params) if so is not None else {}))
+        if so is not None:
+            compiling: Future = Future()
+            req.structured_output_request.grammar = compiling
+            self.grammars[spec.id] = (compiling, frozenset(so.rejected_tokens))
         self.requests[spec.id] = req
         self.rows[spec.id] = arrival_index
         self.row_ids[arrival_index] = spec.id

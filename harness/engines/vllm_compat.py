@@ -21,6 +21,8 @@ difference was first seen; ``DETECTED`` lists the ones this vLLM needed.
 | ``SpeculativeConfig.uses_draft_model()`` | not read | read by the scheduler (0.15.0) |
 | ``BlockTable.compute_slot_mapping`` | numpy on the CPU | a Triton GPU kernel taking tensors (0.19.0): **not followed**, so 0.19.0 and later cannot be driven here |
 | ``FullAttentionSpec.max_memory_usage_bytes`` reads | ``decode_context_parallel_size`` | also ``prefill_context_parallel_size`` (0.12.0) |
+| ``Request(structured_output_request=)`` | given by the caller | built from ``SamplingParams`` (0.11.1) |
+| structured-output ids and bitmask | in ``SchedulerOutput`` (a dict: batch index) | ``Scheduler.get_grammar_bitmask()`` after ``schedule()`` (a list, 0.11.1) |
 """
 
 from __future__ import annotations
@@ -196,9 +198,31 @@ def set_aside_queue_hook(record):
 
 
 def grammar_output(scheduler, output) -> tuple[dict[str, int], list]:
-    """The step's structured-output part: {request id: batch index} and the bitmask rows
-    (each row: [harness row number, grammar state], written by the scripted grammar)."""
-    index = dict(output.structured_output_request_ids or {})
-    bitmask = output.grammar_bitmask
-    rows = [] if bitmask is None else bitmask.tolist()
-    return index, rows
+    """The step's structured-output part: {request id: index} and the bitmask rows (each
+    row: [harness row number, grammar state], written by the scripted grammar).
+
+    0.11.0 puts both in the SchedulerOutput (the index: place in the worker's batch).
+    From 0.11.1 the engine asks ``Scheduler.get_grammar_bitmask`` right after
+    ``schedule()``, as done here; the ids come as a list, whose positions are the index.
+    """
+    if hasattr(output, "structured_output_request_ids"):
+        index = dict(output.structured_output_request_ids or {})
+        bitmask = output.grammar_bitmask
+        return index, [] if bitmask is None else bitmask.tolist()
+    _note("Scheduler.get_grammar_bitmask")
+    grammar = scheduler.get_grammar_bitmask(output)
+    if grammar is None:
+        return {}, []
+    return ({rid: i for i, rid in enumerate(grammar.structured_output_request_ids)},
+            grammar.grammar_bitmask.tolist())
+
+
+def structured_output_request_kwargs(params) -> dict[str, Any]:
+    """0.11.0's Request takes its StructuredOutputRequest; from 0.11.1 it builds one from
+    the sampling parameters itself."""
+    from vllm.v1.request import Request
+    if "structured_output_request" in _params(Request.__init__):
+        from vllm.v1.structured_output.request import StructuredOutputRequest
+        return {"structured_output_request": StructuredOutputRequest(sampling_params=params)}
+    _note("Request builds its StructuredOutputRequest")
+    return {}

@@ -761,6 +761,7 @@ _CHANGE_MODULES = {
     "threshold_dropped_when_nothing_chunks": "vllm/config/vllm.py",
     "chunked_off_stops_at_first_misfit": SCHEDULER,
     "chunked_local_frees_last_cached_page": SINGLE_TYPE,
+    "grammar_rows_in_grant_order": SCHEDULER,
 }
 
 
