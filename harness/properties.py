@@ -85,7 +85,7 @@ PROPERTIES: tuple[Property, ...] = (
     Property("window_hits", st.window_hit_streams, ("hybrid_hit_with_null_pages",),
              targets=("window_pages_whole_window", "window_hit_from_left",
                       "hybrid_full_hit_not_cut", "hybrid_other_hit_unbounded",
-                      "cache_key_without_group")),
+                      "cache_key_without_group"), scale=2),
     Property("draft_windows", st.draft_window_streams,
              targets=("null_page_never_cached", "mamba_draft_pages_ignored")),
     Property("lora_adapters", st.lora_streams, ("lora_set_aside",),
@@ -95,6 +95,14 @@ PROPERTIES: tuple[Property, ...] = (
              targets=("grammar_wait_ignored", "grammar_status_at_readiness",
                       "drafts_not_validated", "grammar_batch_running_first",
                       "bitmask_rows_not_rolled_back", "grammar_not_advanced")),
+    Property("multimodal", st.mm_streams, ("encoder_cut",),
+             targets=("encoder_outputs_not_shared", "encoder_budget_ignored")),
+    Property("encoder_pressure", st.encoder_pressure_streams, ("encoder_cut",),
+             targets=("encoder_evicts_newest", "encoder_outputs_held_to_the_end",
+                      "chunked_mm_input_allowed", "preempted_keeps_encoder_outputs"), scale=5),
+    Property("mm_prefix_hits", st.mm_hash_streams,
+             targets=("mm_hash_not_in_block_hash", "mm_item_ending_at_block_start_skipped",
+                      "mm_later_hashing_from_first_item"), scale=2),
 )
 
 

@@ -28,8 +28,10 @@ Public strategies:
   (:func:`kv_cache_groups` draws them); :func:`window_hit_streams`, their
   prefix hits after windows have slid; :func:`draft_window_streams`, drafts
   that decide their pages;
-* :func:`lora_streams` (LoRA adapters) and :func:`grammar_streams`
-  (structured output), as servers send them;
+* :func:`lora_streams` (LoRA adapters), :func:`grammar_streams`
+  (structured output) and :func:`mm_streams` (images), as servers send them;
+  :func:`encoder_pressure_streams` and :func:`mm_hash_streams` for the
+  encoder cache's and the image hashes' rarer rules;
 * :func:`any_stream`, which mixes all of them.
 
 Shrinking, in general: fewer requests, shorter prompts and outputs, earlier
@@ -57,6 +59,7 @@ __all__ = [
     "crowd_streams", "set_aside_streams", "set_aside_threshold_streams",
     "priority_victim_streams", "priority_victim_draft_streams", "hybrid_streams",
     "window_hit_streams", "draft_window_streams", "lora_streams", "grammar_streams",
+    "mm_streams", "encoder_pressure_streams", "mm_hash_streams",
     "kv_cache_groups", "any_stream", "request_ids",
 ]
 
@@ -977,6 +980,146 @@ def grammar_streams(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
                                 max_arrival_step=6), knobs))
 
 
+@st.composite
+def mm_streams(draw, **knobs: Any) -> dict[str, Any]:
+    """Multimodal inputs: prompts holding images (placeholders of 1-8 tokens) that the
+    encoder must run on, within its per-step budget and its cache.
+
+    Each stream has one layout of up to 3 placeholders; a request's prompt carries
+    those of them that fit inside it, its placeholder tokens all token 0 (the image
+    token), and each item one of two content hashes -- so prompts that share a prefix
+    share a prefix hit only when their images agree, and the encoder cache shares an
+    output between requests with the same image.  Budgets of 1-16 encoder tokens and
+    caches of 1-24 tokens (never below the largest item), small token budgets so
+    prompts are chunked across placeholders, ``disable_chunked_mm_input`` in a third
+    of the configs, tight pools so requests preempt each other.  ``knobs`` go to
+    :func:`streams`.
+    Shrinks towards: one 1-token image at the start, chunked multimodal input allowed.
+    """
+    config = draw(configs(max_model_len=st.integers(12, 40), budget=st.integers(2, 16),
+                          max_num_seqs=st.integers(1, 4), spare_blocks=st.integers(0, 6),
+                          num_speculative_tokens=_rarely(st.integers(1, 3), st.just(0))))
+    layout, end = [], 0
+    for _ in range(draw(st.integers(1, 3))):
+        offset = end + draw(st.integers(0, 6))
+        length = draw(st.integers(1, 8))
+        if offset + length >= config["max_model_len"] - 1:
+            break
+        layout.append((offset, length))
+        end = offset + length
+    if not layout:
+        layout = [(0, 1)]
+    largest = max(length for _, length in layout)
+    config["encoder_compute_budget"] = draw(st.integers(largest, max(largest, 16)))
+    config["encoder_cache_size"] = draw(st.integers(largest, max(largest, 24)))
+    if _one_in(draw, 3) and largest <= config["max_num_batched_tokens"]:
+        config["disable_chunked_mm_input"] = True
+    data = draw(streams(**_with(dict(config=config, min_requests=1, max_requests=6,
+                                     shared_prefixes="always", max_arrival_step=6), knobs)))
+    for request in data["requests"]:
+        items = []
+        for n, (offset, length) in enumerate(layout):
+            if offset + length > len(request["prompt"]) or _one_in(draw, 5):
+                continue
+            request["prompt"][offset:offset + length] = [0] * length
+            items.append({"offset": offset, "length": length,
+                          "hash": f"image{n}-{draw(st.integers(0, 1))}"})
+        if items:
+            request["mm_inputs"] = items
+    return data
+
+
+@st.composite
+def encoder_pressure_streams(draw, **knobs: Any) -> dict[str, Any]:
+    """Multimodal inputs under pressure: one or two long images (3-8 tokens) per prompt,
+    prefilled over several steps by token budgets of 2-8, encoder caches barely larger
+    than the largest image, four different images, and pools with no spare page -- so
+    images are evicted in order while others wait, and requests are preempted in the
+    middle of a placeholder.  ``disable_chunked_mm_input`` in half of the configs.
+    ``knobs`` go to :func:`streams`.
+    Shrinks towards: 3-token images, the smallest cache and budget, two requests.
+    """
+    config = draw(configs(max_model_len=st.integers(24, 48), budget=st.integers(2, 8),
+                          max_num_seqs=st.integers(3, 4), spare_blocks=st.just(0),
+                          enable_chunked_prefill=True, num_speculative_tokens=0))
+    largest = draw(st.integers(3, 8))
+    config["encoder_compute_budget"] = largest + draw(st.integers(0, 4))
+    config["encoder_cache_size"] = largest + draw(st.integers(0, 2))
+    if _one_in(draw, 2) and largest <= config["max_num_batched_tokens"]:
+        config["disable_chunked_mm_input"] = True
+    data = draw(streams(**_with(dict(config=config, min_requests=2, max_requests=6,
+                                     shared_prefixes=False, max_arrival_step=6,
+                                     min_prompt_len=largest + 4, max_prompt_len=30,
+                                     max_output_len=12), knobs)))
+    for request in data["requests"]:
+        items, start = [], 0
+        for _ in range(draw(st.integers(1, 2))):
+            offset = start + draw(st.integers(0, 6))
+            length = draw(st.integers(3, largest))
+            if offset + length > len(request["prompt"]):
+                break
+            request["prompt"][offset:offset + length] = [0] * length
+            items.append({"offset": offset, "length": length,
+                          "hash": f"image{draw(st.integers(0, 3))}"})
+            start = offset + length
+        if items:
+            request["mm_inputs"] = items
+    return data
+
+
+@st.composite
+def mm_hash_streams(draw, **knobs: Any) -> dict[str, Any]:
+    """Prefix hits on prompts with images: a first request whose prompt ends in an
+    unfinished page, with an image ending on the page edge before it or two 1-token
+    images inside it, and whose outputs complete that page; then 1-3 requests whose
+    prompts extend its prompt and outputs, with the same images (or, one time in three,
+    another), arriving once it is done -- so the hashes of the page after a placeholder
+    and of a page completed by outputs decide the hit.  Prefix caching on.
+    ``knobs`` are not used (the requests are built here).
+    Shrinks towards: pages of 4, one page and one token, an image ending on the edge.
+    """
+    block_size = draw(st.sampled_from([4, 2, 8]))
+    pages = draw(st.integers(1, 3))
+    tail = draw(st.integers(1, max(1, block_size - 1)))
+    prompt_len = pages * block_size + tail
+    num_outputs = block_size - tail + 1 + draw(st.integers(0, 1))
+    max_model_len = prompt_len + num_outputs + block_size + 8
+    config = draw(configs(block_size=block_size, max_model_len=max_model_len,
+                          enable_prefix_caching=True, enable_chunked_prefill=True,
+                          max_num_seqs=st.integers(1, 4), budget=st.integers(8, 32),
+                          spare_blocks=st.integers(2, 8), num_speculative_tokens=0))
+    config["encoder_compute_budget"] = config["encoder_cache_size"] = 16
+    edge = pages * block_size
+    if tail >= 2 and draw(st.booleans()):  # two 1-token images in the unfinished page
+        first = edge + draw(st.integers(0, tail - 2))
+        second = draw(st.integers(first + 1, prompt_len - 1))
+        layout = [(first, 1), (second, 1)]
+    else:  # an image ending on the page edge
+        length = draw(st.integers(1, min(8, edge)))
+        layout = [(edge - length, length)]
+    prompt = _tokens(draw, prompt_len, DEFAULT_VOCAB_SIZE)
+    for offset, length in layout:
+        prompt[offset:offset + length] = [0] * length
+    images = [{"offset": o, "length": n, "hash": f"image{i}-0"} for i, (o, n) in enumerate(layout)]
+    output = _tokens(draw, num_outputs, DEFAULT_VOCAB_SIZE)
+    count = draw(st.integers(1, 3))
+    ids = draw(request_ids(count + 1))
+    requests = [{"id": ids[0], "prompt": prompt, "output": output, "mm_inputs": images}]
+    arrivals = sorted(draw(st.lists(st.integers(min(10, num_outputs + 2), 10),
+                                    min_size=count, max_size=count)))
+    for rid, arrival in zip(ids[1:], arrivals):
+        head = prompt + output[:draw(st.integers(0, num_outputs))]
+        extra = _tokens(draw, draw(st.integers(0, block_size)), DEFAULT_VOCAB_SIZE)
+        mine = [dict(m) for m in images]
+        if _one_in(draw, 3):
+            changed = draw(st.sampled_from(mine))
+            changed["hash"] = changed["hash"][:-1] + "1"
+        requests.append({"id": rid, "prompt": (head + extra)[:max_model_len - 2],
+                         "output": _tokens(draw, 1, DEFAULT_VOCAB_SIZE), "mm_inputs": mine,
+                         "arrival_step": arrival})
+    return {"config": config, "requests": requests}
+
+
 def any_stream(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
     """Any stream: the general :func:`streams` or one of the focused or targeted variants.
 
@@ -989,4 +1132,5 @@ def any_stream(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
                      crowd_streams(**knobs), set_aside_streams(**knobs),
                      priority_victim_streams(**knobs), hybrid_streams(**knobs),
                      window_hit_streams(**knobs), draft_window_streams(**knobs),
-                     lora_streams(**knobs), grammar_streams(**knobs))
+                     lora_streams(**knobs), grammar_streams(**knobs), mm_streams(**knobs),
+                     encoder_pressure_streams(**knobs), mm_hash_streams(**knobs))

@@ -79,6 +79,12 @@ class Config:
     kv_cache_groups: tuple[KVCacheGroup, ...] | None = None
     # None: LoRA off (vLLM has no LoRAConfig); else at most this many adapters per step.
     max_loras: int | None = None
+    # Multimodal inputs: the encoder's tokens per step and its cache's room (vLLM derives
+    # both from the model's processor; None: no encoder), and whether a placeholder may
+    # be split across steps.
+    encoder_compute_budget: int | None = None
+    encoder_cache_size: int | None = None
+    disable_chunked_mm_input: bool = False
     model: str = "qwen2.5-0.5b"
     max_steps: int = 1000
 
@@ -99,13 +105,30 @@ class Config:
         return out
 
 
-#: Fields written to canonical JSON only when given (added after streams were first recorded).
-OPTIONAL_CONFIG_FIELDS = ("kv_cache_groups", "max_loras")
-OPTIONAL_REQUEST_FIELDS = ("lora", "structured_output")
+#: Fields written to canonical JSON only when they differ from their default (added after
+#: streams were first recorded, so older streams keep their bytes).
+OPTIONAL_CONFIG_FIELDS = {"kv_cache_groups": None, "max_loras": None,
+                          "encoder_compute_budget": None, "encoder_cache_size": None,
+                          "disable_chunked_mm_input": False}
+OPTIONAL_REQUEST_FIELDS = {"lora": None, "structured_output": None, "mm_inputs": ()}
 
 
-def _without_absent(d: dict[str, Any], optional: tuple[str, ...]) -> dict[str, Any]:
-    return {k: v for k, v in d.items() if not (k in optional and v is None)}
+def _without_absent(d: dict[str, Any], optional: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if not (k in optional and v == optional[k])}
+
+
+@dataclass(frozen=True)
+class MMInput:
+    """One multimodal item of a prompt (an image, an audio clip): its placeholder's first
+    position and length in the prompt, and its content hash (vLLM's mm_hash)."""
+
+    offset: int
+    length: int
+    hash: str
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
 
 
 @dataclass(frozen=True)
@@ -146,6 +169,7 @@ class RequestSpec:
     drafts: tuple[tuple[int, ...], ...] = ()
     lora: str | None = None  # the LoRA adapter's name; None: the base model
     structured_output: StructuredOutput | None = None
+    mm_inputs: tuple[MMInput, ...] = ()  # in prompt order
 
     @property
     def effective_max_tokens(self) -> int:
@@ -219,6 +243,8 @@ def _request_json(r: RequestSpec) -> dict[str, Any]:
     d["drafts"] = [list(x) for x in r.drafts]
     if r.structured_output is not None:
         d["structured_output"] = r.structured_output.to_json()
+    if r.mm_inputs:
+        d["mm_inputs"] = [asdict(m) for m in r.mm_inputs]
     return d
 
 
@@ -298,6 +324,7 @@ def _build(data: dict[str, Any], default_name: str) -> Stream:
         "stop_token_ids": tuple(r.get("stop_token_ids", ())),
         "drafts": tuple(tuple(d) for d in r.get("drafts", ())),
         "structured_output": _structured_output(r),
+        "mm_inputs": tuple(MMInput(**m) for m in r.get("mm_inputs", ())),
     }) for r in data["requests"])
     config = dict(data.get("config", {}))
     if config.get("kv_cache_groups") is not None:
@@ -570,6 +597,7 @@ def _request_errors(s: Stream) -> list[str]:
             errors.append(f"{where}.lora: needs config.max_loras (vLLM refuses LoRA requests "
                           "when LoRA is not enabled)")
         errors += _structured_output_errors(r, where, c)
+        errors += _mm_input_errors(r, where, c)
     if total > MAX_TOTAL_TOKENS:
         errors.append(f"requests: {total:,} tokens in all (prompts, outputs, drafts); "
                       f"at most {MAX_TOTAL_TOKENS:,}")
@@ -590,4 +618,31 @@ def _structured_output_errors(r: RequestSpec, where: str, c: Config) -> list[str
     if bad:
         errors.append(f"{where}.output: holds token(s) {bad} that structured_output rejects "
                       "(the grammar's bitmask keeps the model from sampling them)")
+    return errors
+
+
+def _mm_input_errors(r: RequestSpec, where: str, c: Config) -> list[str]:
+    """Placeholders in the prompt, in order, apart; an encoder that can take each whole."""
+    if not r.mm_inputs:
+        return []
+    errors = []
+    if c.encoder_compute_budget is None or c.encoder_cache_size is None:
+        return [f"{where}.mm_inputs: needs config.encoder_compute_budget and "
+                "config.encoder_cache_size (a model with an encoder)"]
+    end = 0
+    for j, m in enumerate(r.mm_inputs):
+        at = f"{where}.mm_inputs[{j}]"
+        if m.offset < end:
+            errors.append(f"{at}.offset: placeholders must be in prompt order and must not "
+                          "overlap (vLLM sorts them by offset)")
+        if m.end > len(r.prompt):
+            errors.append(f"{at}: the placeholder must lie inside the prompt "
+                          f"(offset + length <= {len(r.prompt)})")
+        if m.length > min(c.encoder_compute_budget, c.encoder_cache_size):
+            errors.append(f"{at}.length: must be <= encoder_compute_budget and "
+                          "encoder_cache_size (vLLM sizes both to take the largest item)")
+        if c.disable_chunked_mm_input and m.length > c.max_num_batched_tokens:
+            errors.append(f"{at}.length: must be <= max_num_batched_tokens when "
+                          "disable_chunked_mm_input is true (vLLM refuses it at start-up)")
+        end = max(end, m.end)
     return errors

@@ -22,18 +22,27 @@ STEP_FIELDS = (
     "scheduled", "computed_before", "new_block_ids", "preempted", "finished", "prefix_hit_tokens",
     "spec_tokens", "emitted", "num_computed_tokens", "status", "free_blocks",
     "evicted", "slots", "prefix_cache_reset", "set_aside", "grammar_index", "bitmask_rows",
+    "encoder_inputs", "encoder_frees",
 )
+
+
+#: Step fields that only streams using a feature carry (see optional_fields).
+OPTIONAL_STEP_FIELDS = frozenset({"set_aside", "grammar_index", "bitmask_rows",
+                                  "encoder_inputs", "encoder_frees"})
 
 
 def optional_fields(stream: Stream) -> frozenset[str]:
     """The step fields only streams using a feature carry (so that the traces of streams
     written before the feature keep their bytes): ``set_aside`` with LoRA adapters or
-    structured output, ``grammar_index`` and ``bitmask_rows`` with structured output."""
+    structured output, ``grammar_index`` and ``bitmask_rows`` with structured output,
+    ``encoder_inputs`` and ``encoder_frees`` with multimodal inputs."""
     fields = set()
     if any(r.lora is not None or r.structured_output is not None for r in stream.requests):
         fields.add("set_aside")
     if any(r.structured_output is not None for r in stream.requests):
         fields |= {"grammar_index", "bitmask_rows"}
+    if any(r.mm_inputs for r in stream.requests):
+        fields |= {"encoder_inputs", "encoder_frees"}
     return frozenset(fields)
 
 
@@ -91,7 +100,9 @@ def step_record(step: int, s: Scheduled, emitted: dict[str, list[int]],
         "prefix_cache_reset": prefix_cache_reset,
     }
     extra = {"set_aside": list(s.set_aside), "grammar_index": dict(s.grammar_index),
-             "bitmask_rows": [list(r) for r in s.bitmask_rows]}
+             "bitmask_rows": [list(r) for r in s.bitmask_rows],
+             "encoder_inputs": {rid: list(ids) for rid, ids in s.encoder_inputs.items()},
+             "encoder_frees": list(s.encoder_frees)}
     record.update((k, v) for k, v in extra.items() if k in optional)
     return record
 

@@ -6,7 +6,8 @@ get_request_block_hasher, generate_block_hash_extra_keys).
 Block ``i`` is keyed by the key of block ``i - 1``, the block's tokens and its
 extra keys, so two requests share a key only if they share the whole prefix.
 The extra keys say what else the block's KV depends on: the LoRA adapter (on
-every block), then the cache salt (on the first block only).  The root of
+every block), the content hashes of the multimodal items whose placeholders
+the block touches, then the cache salt (on the first block only).  The root of
 the chain is random per process in vLLM; keys are therefore never compared
 across engines.
 """
@@ -28,6 +29,8 @@ class HashInputs:
 
     lora_id: int | None = None
     cache_salt: str | None = None
+    # Multimodal items in prompt order: objects with offset, length and mm_hash.
+    encoder_inputs: tuple = ()
 
 
 def hash_block(parent: BlockHash | None, tokens: Sequence[int], extra: tuple | None) -> BlockHash:
@@ -36,10 +39,47 @@ def hash_block(parent: BlockHash | None, tokens: Sequence[int], extra: tuple | N
     return hashlib.sha256(material).digest()
 
 
-def extra_keys(inputs: HashInputs, block_start: int) -> tuple | None:
-    """The adapter's keys, then the salt's; None when there are none."""
-    keys = lora_keys(inputs.lora_id) + salt_keys(inputs.cache_salt, block_start)
+def extra_keys(inputs: HashInputs, block_start: int, mm: tuple = ()) -> tuple | None:
+    """The adapter's keys, the multimodal ones, then the salt's; None when there are none."""
+    keys = lora_keys(inputs.lora_id) + mm + salt_keys(inputs.cache_salt, block_start)
     return keys or None
+
+
+def mm_keys(items: tuple, start: int, end: int, item: int) -> tuple[tuple, int]:
+    """The content hashes of the items the block ``[start, end)`` touches, looking from
+    item number ``item`` on; also the item the next block starts looking from.
+
+    An item that ended before the block is passed over, but one ending exactly where
+    the block starts still counts as touching it; an item the block leaves unfinished
+    stops the look (the next block starts from it).
+    """
+    if not items or items[-1].offset + items[-1].length < start:
+        return (), item  # every item lies before the block
+    keys = []
+    while item < len(items):
+        it = items[item]
+        if end <= it.offset:
+            break
+        if ended_before(it, start):
+            item += 1
+            continue
+        keys.append(it.mm_hash)
+        if end < it.offset + it.length:
+            break
+        item += 1
+    return tuple(keys), item
+
+
+def ended_before(item, start: int) -> bool:
+    """The item ended before the block; one ending exactly at ``start`` has not
+    (quirks.MM_HASH_ON_BLOCK_AFTER_A_LATER_HASHING)."""
+    return start > item.offset + item.length
+
+
+def first_item_to_look_at(items: tuple, start: int) -> int:
+    """A request's first hashing looks from its first item; a later one (a block filled
+    with outputs) only at its last item (quirks.MM_HASH_ON_BLOCK_AFTER_A_LATER_HASHING)."""
+    return 0 if start == 0 else max(len(items) - 1, 0)
 
 
 def lora_keys(lora_id: int | None) -> tuple:
@@ -56,8 +96,10 @@ def extend_block_hashes(hashes: list[BlockHash], tokens: Sequence[int], block_si
                         inputs: HashInputs) -> None:
     """Append the keys of the blocks that have become full since the last call."""
     start = len(hashes) * block_size
+    item = first_item_to_look_at(inputs.encoder_inputs, start)
     while start + block_size <= len(tokens):
         parent = hashes[-1] if hashes else None
+        mm, item = mm_keys(inputs.encoder_inputs, start, start + block_size, item)
         hashes.append(hash_block(parent, tokens[start:start + block_size],
-                                 extra_keys(inputs, start)))
+                                 extra_keys(inputs, start, mm)))
         start += block_size

@@ -30,6 +30,11 @@ class Config:
     kv_cache_groups: tuple[KVCacheSpec, ...] = ()
     # LoRA: the most distinct adapters in one step; None: LoRA off.
     max_loras: int | None = None
+    # Multimodal: encoder tokens per step, the encoder cache's room (0: no encoder), and
+    # whether a placeholder must be computed in one step.
+    encoder_compute_budget: int = 0
+    encoder_cache_size: int = 0
+    disable_chunked_mm_input: bool = False
     # Rule changes of a later release in effect (reference.releases); none: 0.11.0.
     rules: frozenset[str] = frozenset()
 

@@ -41,3 +41,7 @@ class SchedulerOutput:
     finished_req_ids: set[str] = field(default_factory=set)
     # Structured output: batch indices of the constrained requests, and bitmask rows.
     grammar: GrammarBatch = field(default_factory=GrammarBatch)
+    # Multimodal: the items each request's encoder runs on now, and the content hashes
+    # evicted from the encoder cache since the last step.
+    scheduled_encoder_inputs: dict[str, list[int]] = field(default_factory=dict)
+    free_encoder_mm_hashes: list[str] = field(default_factory=list)

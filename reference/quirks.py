@@ -52,6 +52,20 @@ NULL_PAGE_CACHED
     sliding_window_null_page_cached.  Code: block_pool.BlockPool.cache_full_blocks,
     group_managers.SlidingWindowManager.remove_skipped_blocks.
 
+MM_HASH_ON_BLOCK_AFTER_A_LATER_HASHING
+    A block's keys include the content hash of every multimodal item it touches,
+    and an item that ends exactly where a block starts counts as touching it.
+    The first hashing of a request (its prompt's full blocks) looks at the items
+    in order and moves past an item once a block has reached its end, so the
+    block after it does not get its hash.  A later hashing (a block completed by
+    outputs) starts looking again, at the last item only.  So when the last
+    placeholder ends on a block edge inside the prompt's unfinished last block,
+    that block gets the image's hash if outputs complete it, but not if a longer
+    prompt completes it at once: the same tokens and images give two keys, and
+    the longer prompt misses the prefix hit.  And a block completed later that
+    holds two placeholders gets only the last one's hash.
+    Code: block_hash.mm_keys, block_hash.first_item_to_look_at.
+
 STALE_WORKER_ROWS
     The worker's block table rows are fixed-size and not cleared when a row is
     rewritten, so a slot looked up past a row's length reads an old page id.

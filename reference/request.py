@@ -10,6 +10,7 @@ import enum
 from dataclasses import dataclass, field
 
 from reference.block_hash import BlockHash, HashInputs, extend_block_hashes
+from reference.encoder_cache import EncoderInput
 from reference.structured_output import Grammar
 
 
@@ -45,6 +46,7 @@ class Request:
     wants_prompt_logprobs: bool = False
     lora_id: int | None = None  # the LoRA adapter's integer id; None: the base model
     grammar: Grammar | None = None  # structured output's grammar; None: unconstrained
+    encoder_inputs: tuple[EncoderInput, ...] = ()  # multimodal items, in prompt order
     # Set when prefix caching is on: keys are kept for every full block.
     hash_block_size: int | None = None
 
@@ -63,7 +65,7 @@ class Request:
 
     @property
     def hash_inputs(self) -> HashInputs:
-        return HashInputs(self.lora_id, self.cache_salt)
+        return HashInputs(self.lora_id, self.cache_salt, self.encoder_inputs)
 
     @property
     def num_tokens(self) -> int:

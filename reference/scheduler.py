@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 
 from reference import events
 from reference.config import Config
+from reference.encoder_cache import EncoderCacheManager
+from reference.encoder_inputs import free_encoder_inputs, try_schedule_encoder_inputs
 from reference.kv_cache_manager import KVCacheManager, block_ids
 from reference.lora import AdapterSlots
 from reference.output import CachedRequestData, NewRequestData, SchedulerOutput
@@ -51,6 +53,9 @@ class StepPlan:
     running_index: int = 0
     # The LoRA adapters of the step, once the running requests are scheduled.
     adapters: AdapterSlots | None = None
+    # Multimodal: the encoder tokens left this step, and the items each request encodes.
+    encoder_budget: int = 0
+    encoder_inputs: dict[str, list[int]] = field(default_factory=dict)
 
     def grant(self, request: Request, num_tokens: int, block_ids: list[list[int]]) -> None:
         self.num_scheduled_tokens[request.request_id] = num_tokens
@@ -65,6 +70,7 @@ class Scheduler:
         self.kv = KVCacheManager(config.num_blocks, config.block_size, config.max_model_len,
                                  config.enable_prefix_caching, config.use_eagle, emit,
                                  config.groups, config.has)
+        self.encoder_cache = EncoderCacheManager(config.encoder_cache_size)
         self.requests: dict[str, Request] = {}
         self.waiting = make_queue(config.policy)
         self.running: list[Request] = []
@@ -90,6 +96,7 @@ class Scheduler:
             self._free_request(request)
 
     def _free_request(self, request: Request) -> None:
+        self.encoder_cache.free(request)
         self.finished_req_ids.add(request.request_id)
         self.kv.free(request)
         del self.requests[request.request_id]
@@ -100,7 +107,8 @@ class Scheduler:
     # -- one step --------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        plan = StepPlan(token_budget=self.config.max_num_batched_tokens)
+        plan = StepPlan(token_budget=self.config.max_num_batched_tokens,
+                        encoder_budget=self.config.encoder_compute_budget)
         self._schedule_running(plan)
         plan.adapters = AdapterSlots(self.config.max_loras, plan.running)
         if self.admits_waiting(plan):
@@ -149,6 +157,8 @@ class Scheduler:
         while plan.running_index < len(self.running) and plan.token_budget > 0:
             request = self.running[plan.running_index]
             num_new = self.running_tokens(request, plan.token_budget)
+            encode, num_new, encoder_budget = self.encoder_grant(
+                request, request.num_computed_tokens, num_new, plan)
             if num_new == 0:
                 plan.running_index += 1  # skip it, but let the requests behind it run
                 continue
@@ -160,6 +170,26 @@ class Scheduler:
             plan.running_index += 1
             if request.spec_token_ids:
                 self._schedule_drafts(request, num_new, plan)
+            self._encode(request, encode, encoder_budget, plan)
+
+    def encoder_grant(self, request: Request, num_computed: int, num_new: int,
+                      plan: StepPlan) -> tuple[list[int], int, int]:
+        """The items whose encoder runs now, the tokens left once a placeholder that
+        cannot be encoded now cuts the grant, and the encoder budget left after them."""
+        if not request.encoder_inputs:
+            return [], num_new, plan.encoder_budget
+        return try_schedule_encoder_inputs(
+            request, num_computed, num_new, plan.encoder_budget, self.encoder_cache,
+            disable_chunked_mm_input=self.config.disable_chunked_mm_input)
+
+    def _encode(self, request: Request, encode: list[int], encoder_budget: int,
+                plan: StepPlan) -> None:
+        """A scheduled request's items take their room in the encoder cache."""
+        if encode:
+            plan.encoder_inputs[request.request_id] = encode
+            for i in encode:
+                self.encoder_cache.allocate(request, i)
+            plan.encoder_budget = encoder_budget
 
     def _allocate_or_preempt(self, request: Request, num_new: int, plan: StepPlan):
         """Pages for a running request, preempting others until they fit."""
@@ -207,8 +237,9 @@ class Scheduler:
         return max(self.running, key=lambda r: (r.priority, r.arrival_time))
 
     def _preempt(self, victim: Request, plan: StepPlan) -> None:
-        """Recompute later: drop its pages and progress, queue it at the head."""
+        """Recompute later: drop its pages, encoder outputs and progress, queue it at the head."""
         self.kv.free(victim)
+        self.encoder_cache.free(victim)
         victim.status = RequestStatus.PREEMPTED
         victim.num_computed_tokens = 0
         self.waiting.prepend(victim)
@@ -242,10 +273,15 @@ class Scheduler:
                 self.set_aside(set_aside, self.waiting.pop())
                 continue
             assert num_new > 0
+            encode, num_new, encoder_budget = self.encoder_grant(request, num_computed,
+                                                                 num_new, plan)
+            if num_new == 0:
+                break  # its next item cannot be encoded now: the waiting part ends
             if self.kv.allocate_slots(request, num_new, num_hit, hit,
                                       self.admission_lookahead(request)) is None:
                 break  # a waiting request never preempts: it waits for pages
             self._admit(self.waiting.pop(), num_new, num_computed, plan)
+            self._encode(request, encode, encoder_budget, plan)
         if len(set_aside):
             self.waiting.prepend_all(set_aside)
 
@@ -334,6 +370,8 @@ class Scheduler:
             scheduled_spec_decode_tokens={k: list(v) for k, v in plan.spec_tokens.items()},
             finished_req_ids=self.finished_req_ids,
             grammar=self.grammar_batch(plan),
+            scheduled_encoder_inputs={k: list(v) for k, v in plan.encoder_inputs.items()},
+            free_encoder_mm_hashes=self.encoder_cache.get_freed_mm_hashes(),
         )
 
     def grammar_batch(self, plan: StepPlan):
@@ -349,9 +387,13 @@ class Scheduler:
         return plan.new + plan.running + plan.resumed
 
     def _advance_computed_tokens(self, output: SchedulerOutput) -> None:
-        """Count the scheduled tokens as computed now, so the next step can go on."""
+        """Count the scheduled tokens as computed now, so the next step can go on, and let
+        go of the encoder outputs whose placeholders are now computed."""
         for req_id, num_tokens in output.num_scheduled_tokens.items():
-            self.requests[req_id].num_computed_tokens += num_tokens
+            request = self.requests[req_id]
+            request.num_computed_tokens += num_tokens
+            if request.encoder_inputs:
+                free_encoder_inputs(request, request.num_computed_tokens, self.encoder_cache)
 
     def _forget_reported_finished(self) -> None:
         """Finished ids are handed to the worker once, in the next step's output."""

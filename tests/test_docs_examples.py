@@ -7,7 +7,7 @@ from pathlib import Path
 
 from harness.paths import DOCS_DIR
 from harness.stream import parse_stream
-from harness.trace import STEP_FIELDS
+from harness.trace import OPTIONAL_STEP_FIELDS, STEP_FIELDS, optional_fields
 
 
 # ---------------------------------------------------------------------------
@@ -35,7 +35,7 @@ def test_trace_format_example_matches_its_stream():
     assert trace["stream_sha256"] == s.sha256()
     assert [step["step"] for step in trace["steps"]] == list(range(len(trace["steps"])))
     for step in trace["steps"]:
-        assert set(step) == {"step", *STEP_FIELDS}
+        assert set(step) == {"step", *STEP_FIELDS} - OPTIONAL_STEP_FIELDS | optional_fields(s)
 
 
 def _bounds(node, path=""):

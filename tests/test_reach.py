@@ -27,6 +27,18 @@ RULES = {r.name: r for r in named_rules()}
 
 # Bundled fixtures named after a rule, and the rule's mutant that must change their trace.
 FIXTURE_SHOWS = {
+    "mm_chunked_input_disabled": ["chunked_mm_input_allowed"],
+    "mm_encoder_budget_cuts_prefill": ["encoder_budget_ignored"],
+    "mm_encoder_cache_evicts_oldest": ["encoder_outputs_not_shared", "encoder_evicts_newest"],
+    "mm_encoder_cache_shared": ["encoder_outputs_not_shared"],
+    "mm_encoder_output_let_go_after_placeholder": ["encoder_outputs_held_to_the_end"],
+    "mm_hash_in_block_hash": ["mm_hash_not_in_block_hash"],
+    "mm_hash_quirk_block_after_placeholder": ["mm_hash_not_in_block_hash",
+                                              "mm_item_ending_at_block_start_skipped"],
+    "mm_preempted_lets_go_of_encoder_output": ["preempted_keeps_encoder_outputs"],
+    "mm_later_hashing_sees_last_item_only": ["mm_hash_not_in_block_hash",
+                                             "mm_later_hashing_from_first_item",
+                                             "encoder_outputs_not_shared"],
     "grammar_batch_new_first": ["grammar_batch_running_first",
                                 "grammar_rows_in_grant_order_dropped"],
     "grammar_cuts_drafts": ["drafts_not_validated", "bitmask_rows_not_rolled_back",

@@ -28,7 +28,7 @@ from harness import strategies as S
 from harness.engines import get_engine
 from harness.properties import PROPERTIES
 from harness.runner import run
-from harness.stream import Config, Stream, parse_stream
+from harness.stream import OPTIONAL_CONFIG_FIELDS, Config, Stream, parse_stream
 from harness.trace import Trace
 
 # Every property's strategy (harness.properties), plus the general one.
@@ -76,8 +76,8 @@ def test_strategy_generates_valid_streams(name, data):
 def test_configs_are_valid(config):
     parse_stream({"config": config, "requests": [{"id": "a", "prompt": [1], "output": [2],
                                                   "max_tokens": 1}]})
-    # Every field; kv_cache_groups only for hybrid configs.
-    assert set(config) == set(Config.__dataclass_fields__) - {"kv_cache_groups"}
+    # Every field but the optional features' (groups, LoRA, the encoder), drawn only when asked.
+    assert set(config) == set(Config.__dataclass_fields__) - set(OPTIONAL_CONFIG_FIELDS)
 
 
 @VALIDITY
@@ -85,7 +85,8 @@ def test_configs_are_valid(config):
 def test_hybrid_configs_are_valid(config):
     parse_stream({"config": config, "requests": [{"id": "a", "prompt": [1], "output": [2],
                                                   "max_tokens": 1}]})
-    assert set(config) == set(Config.__dataclass_fields__)
+    assert set(config) == set(Config.__dataclass_fields__) - set(OPTIONAL_CONFIG_FIELDS) | {
+        "kv_cache_groups"}
     assert 1 <= len(config["kv_cache_groups"]) <= 5
 
 
@@ -177,6 +178,11 @@ def rules_reached(data: dict[str, Any]) -> set[str]:
                 reached.add("lora_set_aside")
         if "WAITING_FOR_FSM" in rec["status"].values():
             reached.add("grammar_wait")
+        for rid, n in rec["scheduled"]:
+            r = by_id[rid]
+            start = rec["computed_before"][rid]
+            if any(start < m.offset == start + n for m in r.mm_inputs):
+                reached.add("encoder_cut")
         rows = [rid for rid, _ in rec.get("bitmask_rows", ())]
         if any(rows.count(rid) > 1 for rid in rows):
             reached.add("grammar_draft_rows")

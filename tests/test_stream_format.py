@@ -13,7 +13,7 @@ from dataclasses import fields
 import pytest
 
 from harness.paths import ROOT
-from harness.stream import Config, RequestSpec, canonical_json, parse_stream
+from harness.stream import OPTIONAL_CONFIG_FIELDS, OPTIONAL_REQUEST_FIELDS, Config, RequestSpec, canonical_json, parse_stream
 from stream_builders import MINIMAL, req, stream
 
 
@@ -41,9 +41,11 @@ def test_to_json_makes_every_default_explicit():
     # Every field but the optional features' fields, which are written only when given
     # (old streams keep their bytes and hashes).
     assert out["config"] == {f.name: f.default for f in fields(Config)
-                             if f.name not in ("kv_cache_groups", "max_loras")}
-    assert set(out["requests"][0]) == {f.name for f in fields(RequestSpec)} - {
-        "lora", "structured_output"}
+                             if f.name not in OPTIONAL_CONFIG_FIELDS}
+    assert set(out["requests"][0]) == {f.name for f in fields(RequestSpec)} - set(
+        OPTIONAL_REQUEST_FIELDS)
+    assert set(OPTIONAL_CONFIG_FIELDS) == {"kv_cache_groups", "max_loras", "encoder_compute_budget",
+                                           "encoder_cache_size", "disable_chunked_mm_input"}
     assert out["requests"][0]["max_tokens"] is None
     assert out["requests"][0]["eos_token_id"] is None
 
@@ -51,8 +53,13 @@ def test_to_json_makes_every_default_explicit():
 def test_optional_features_are_written_when_given():
     data = copy.deepcopy(MINIMAL)
     data["config"] = {"max_loras": 2}
-    data["requests"][0].update(lora="sql", structured_output={"rejected_tokens": [9]})
+    data["config"].update(encoder_compute_budget=4, encoder_cache_size=4,
+                          disable_chunked_mm_input=True)
+    data["requests"][0].update(lora="sql", structured_output={"rejected_tokens": [9]},
+                               mm_inputs=[{"offset": 0, "length": 2, "hash": "cat"}])
     out = parse_stream(data).to_json()
+    assert out["config"]["disable_chunked_mm_input"] is True
+    assert out["requests"][0]["mm_inputs"] == [{"offset": 0, "length": 2, "hash": "cat"}]
     assert out["config"]["max_loras"] == 2
     assert out["requests"][0]["lora"] == "sql"
     # ready_step defaults to the arrival step, written explicitly.

@@ -339,6 +339,46 @@ def test_structured_output_unknown_field():
             r"^requests\[0\] \(a\)\.structured_output\.grammar: unknown field")
 
 
+MM = {"encoder_compute_budget": 4, "encoder_cache_size": 6}
+
+
+def test_mm_inputs_need_an_encoder():
+    rejects(stream(requests=[req(mm_inputs=[{"offset": 0, "length": 2, "hash": "cat"}])]),
+            r"^requests\[0\] \(a\)\.mm_inputs: needs config\.encoder_compute_budget")
+
+
+def test_mm_input_outside_the_prompt():
+    rejects(stream(config=MM, requests=[req(mm_inputs=[{"offset": 2, "length": 2, "hash": "c"}])]),
+            r"^requests\[0\] \(a\)\.mm_inputs\[0\]: the placeholder must lie inside the prompt")
+
+
+def test_mm_inputs_out_of_order():
+    items = [{"offset": 1, "length": 2, "hash": "c"}, {"offset": 0, "length": 1, "hash": "d"}]
+    rejects(stream(config=MM, requests=[req(prompt=[1, 2, 3, 4], mm_inputs=items)]),
+            r"^requests\[0\] \(a\)\.mm_inputs\[1\]\.offset: placeholders must be in prompt order")
+
+
+def test_mm_input_longer_than_the_encoder_budget():
+    rejects(stream(config=MM, requests=[req(prompt=[0] * 6, mm_inputs=[
+        {"offset": 0, "length": 5, "hash": "c"}])]),
+            r"^requests\[0\] \(a\)\.mm_inputs\[0\]\.length: must be <= encoder_compute_budget")
+
+
+def test_mm_input_longer_than_the_token_budget_without_chunking():
+    config = {**MM, "encoder_compute_budget": 64, "encoder_cache_size": 64,
+              "disable_chunked_mm_input": True, "max_num_batched_tokens": 64}
+    data = stream(config=config, requests=[req(prompt=[0] * 70, mm_inputs=[
+        {"offset": 0, "length": 64, "hash": "c"}])])
+    data["config"]["max_num_batched_tokens"] = 64
+    data["config"]["max_model_len"] = 128
+    data["config"]["num_gpu_blocks"] = 128
+    parse_stream(data)  # 64 fits a 64-token budget
+    data["config"]["max_num_batched_tokens"] = 32
+    data["config"]["enable_chunked_prefill"] = True
+    rejects(data, r"mm_inputs\[0\]\.length: must be <= max_num_batched_tokens when "
+                  r"disable_chunked_mm_input is true")
+
+
 def test_drafts_valid():
     data = stream(config={"num_speculative_tokens": 2}, requests=[req(drafts=[[4, 5], [], [7]])])
     assert parse_stream(data).requests[0].drafts == ((4, 5), (), (7,))
@@ -427,7 +467,7 @@ def test_every_error_is_reported_at_once():
         'config.policy: must be "fcfs" or "priority"',
         "requests[0] (a).prompt: token ids must be >= 0",
         "requests[1] (b).extra: unknown field (allowed: abort_step, arrival_step, cache_salt, "
-        "drafts, eos_token_id, id, ignore_eos, lora, max_tokens, output, prio"
+        "drafts, eos_token_id, id, ignore_eos, lora, max_tokens, mm_inputs, output, prio"
         "rity, prompt, prompt_logprobs, stop_token_ids, structured_output)",
         "requests[1] (b).output: must be a list of integers",
         "requests[2] (c).output: required field is missing",

@@ -49,6 +49,10 @@ class Scheduled:
     # bitmask rows in order as [req_id, grammar state].
     grammar_index: dict[str, int] = field(default_factory=dict)
     bitmask_rows: list[list] = field(default_factory=list)
+    # Multimodal: {req_id: [item numbers encoded now]} and the content hashes the encoder
+    # cache evicted since the last step, in order.
+    encoder_inputs: dict[str, list[int]] = field(default_factory=dict)
+    encoder_frees: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -141,7 +145,9 @@ def to_scheduled(handed: Iterable[Handed], num_scheduled_tokens: Iterable[tuple[
                  workers: list[WorkerTable], rows: dict[str, int],
                  sizes: Callable[[str], tuple[int, int]],
                  grammar_index: dict[str, int] | None = None,
-                 bitmask_rows: Iterable[tuple[str, int]] = ()) -> Scheduled:
+                 bitmask_rows: Iterable[tuple[str, int]] = (),
+                 encoder_inputs: dict[str, list[int]] | None = None,
+                 encoder_frees: Iterable[str] = ()) -> Scheduled:
     """One step in engine-neutral form.
 
     ``computed_before`` is every request's ``num_computed_tokens`` before the
@@ -149,7 +155,8 @@ def to_scheduled(handed: Iterable[Handed], num_scheduled_tokens: Iterable[tuple[
     its ``(num_tokens, num_output_tokens)``.  ``workers`` holds one worker
     table per KV cache group; each is fed its group's pages in the order the
     output lists them, as vLLM's model runner does.  ``grammar_index`` and
-    ``bitmask_rows`` are the output's structured-output part.
+    ``bitmask_rows`` are the output's structured-output part, ``encoder_inputs`` and
+    ``encoder_frees`` its multimodal part.
     """
     computed_before = dict(computed_before)
     new_block_ids: dict[str, list[list[int]]] = {}
@@ -186,6 +193,8 @@ def to_scheduled(handed: Iterable[Handed], num_scheduled_tokens: Iterable[tuple[
         set_aside=list(observed.set_aside),
         grammar_index=dict(grammar_index or {}),
         bitmask_rows=[[rid, state] for rid, state in bitmask_rows],
+        encoder_inputs={rid: list(ids) for rid, ids in (encoder_inputs or {}).items()},
+        encoder_frees=list(encoder_frees),
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from reference import events, releases
 from reference.config import Config
+from reference.encoder_cache import EncoderInput
 from reference.kv_cache_spec import MAMBA, KVCacheSpec
 from reference.request import Request, RequestStatus
 from reference.scheduler import Scheduler
@@ -29,7 +30,9 @@ def reference_config(stream: Stream, rules: frozenset[str] = frozenset()) -> Con
         long_prefill_token_threshold=c.long_prefill_token_threshold, policy=c.policy,
         num_speculative_tokens=c.num_speculative_tokens, use_eagle=c.uses_eagle,
         kv_cache_groups=() if c.kv_cache_groups is None else group_specs(c),
-        max_loras=c.max_loras)
+        max_loras=c.max_loras, encoder_compute_budget=c.encoder_compute_budget or 0,
+        encoder_cache_size=c.encoder_cache_size or 0,
+        disable_chunked_mm_input=c.disable_chunked_mm_input)
 
 
 def group_specs(c) -> tuple[KVCacheSpec, ...]:
@@ -109,6 +112,7 @@ class ReferenceEngine:
             lora_id=self.lora_ids.get(spec.lora),
             grammar=None if spec.structured_output is None
             else Grammar(frozenset(spec.structured_output.rejected_tokens)),
+            encoder_inputs=tuple(EncoderInput(m.offset, m.length, m.hash) for m in spec.mm_inputs),
             hash_block_size=c.block_size if c.enable_prefix_caching else None)
         self.requests[spec.id] = req
         self.rows[spec.id] = arrival_index
@@ -132,7 +136,8 @@ class ReferenceEngine:
             handed, out.num_scheduled_tokens.items(), out.scheduled_spec_decode_tokens,
             out.finished_req_ids, before, self.recorder.observed, self.workers, self.rows,
             lambda rid: (reqs[rid].num_tokens, reqs[rid].num_output_tokens),
-            out.grammar.batch_index, [(r.request_id, r.grammar_state) for r in out.grammar.rows])
+            out.grammar.batch_index, [(r.request_id, r.grammar_state) for r in out.grammar.rows],
+            out.scheduled_encoder_inputs, out.free_encoder_mm_hashes)
 
     def update(self, scheduled: Scheduled, sampled: dict[str, list[int]]) -> None:
         self.sched.update_from_output(self._last_output, sampled)

@@ -21,6 +21,13 @@ stand-in object with exactly those two members takes its place.
 LoRA: real ``LoRARequest``s (their adapter path is never read: the scheduler
 reads only the integer id) under a real ``LoRAConfig``.
 
+Multimodal inputs: real ``MultiModalFeatureSpec``s (placeholder range and content
+hash; no pixel data, which only the worker reads) and vLLM's real
+``EncoderCacheManager``.  vLLM sizes the encoder's compute budget and cache
+from the model's multimodal processor, which the bundled text-only configs do
+not have: the scheduler's two values are set from the stream instead
+(``encoder_compute_budget``, ``encoder_cache_size``) right after it is built.
+
 Structured output: vLLM compiles a grammar with a backend (xgrammar) that needs
 the tokenizer, which is not available offline.  The request, its
 ``StructuredOutputRequest`` and vLLM's ``StructuredOutputManager`` are real; the
@@ -43,6 +50,8 @@ import vllm  # noqa: E402
 from vllm.config import (CacheConfig, DeviceConfig, LoRAConfig, ModelConfig,  # noqa: E402
                          SchedulerConfig, VllmConfig)
 from vllm.lora.request import LoRARequest  # noqa: E402
+from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange  # noqa: E402
+from vllm.v1.core.encoder_cache_manager import EncoderCacheManager  # noqa: E402
 from vllm.sampling_params import SamplingParams, StructuredOutputsParams  # noqa: E402
 from vllm.v1.core.kv_cache_utils import (get_request_block_hasher,  # noqa: E402
                                          init_none_hash)
@@ -181,6 +190,7 @@ def model_config(name: str, max_model_len: int) -> ModelConfig:
 def build_scheduler(c: Config) -> Scheduler:
     mc = model_config(c.model, c.max_model_len)
     sc = SchedulerConfig(
+        disable_chunked_mm_input=c.disable_chunked_mm_input,
         max_num_seqs=c.max_num_seqs,
         max_num_batched_tokens=c.max_num_batched_tokens,
         max_model_len=c.max_model_len,
@@ -204,9 +214,13 @@ def build_scheduler(c: Config) -> Scheduler:
     wanted = (c.max_num_batched_tokens, c.block_size, c.enable_chunked_prefill, c.max_model_len)
     if effective != wanted:
         raise RuntimeError(f"vLLM changed the config: wanted {wanted}, got {effective}")
-    return Scheduler(vllm_config=vc, kv_cache_config=kv_cache_config(c, vc),
-                     structured_output_manager=StructuredOutputManager(vc), log_stats=False,
-                     **compat.scheduler_kwargs(vc))
+    sched = Scheduler(vllm_config=vc, kv_cache_config=kv_cache_config(c, vc),
+                      structured_output_manager=StructuredOutputManager(vc), log_stats=False,
+                      **compat.scheduler_kwargs(vc))
+    if c.encoder_compute_budget is not None:
+        sched.max_num_encoder_input_tokens = c.encoder_compute_budget
+        sched.encoder_cache_manager = EncoderCacheManager(cache_size=c.encoder_cache_size)
+    return sched
 
 
 def kv_cache_config(c: Config, vc: VllmConfig) -> KVCacheConfig:
@@ -327,6 +341,10 @@ class VllmEngine:
             pooling_params=None, **compat.request_eos_kwargs(params, spec.eos_token_id),
             arrival_time=float(arrival_index), cache_salt=spec.cache_salt,
             priority=spec.priority, lora_request=lora, block_hasher=self.hasher,
+            mm_features=[MultiModalFeatureSpec(
+                data=None, modality="image", identifier=m.hash,
+                mm_position=PlaceholderRange(offset=m.offset, length=m.length))
+                for m in spec.mm_inputs] or None,
             **(compat.structured_output_request_kwargs(params) if so is not None else {}))
         if so is not None:
             compiling: Future = Future()
@@ -369,7 +387,9 @@ class VllmEngine:
             handed, out.num_scheduled_tokens.items(), out.scheduled_spec_decode_tokens,
             out.finished_req_ids, before, self._observed, self.workers, self.rows,
             lambda rid: (reqs[rid].num_tokens, reqs[rid].num_output_tokens),
-            grammar_index, [(self.row_ids[int(row)], int(state)) for row, state in bitmask])
+            grammar_index, [(self.row_ids[int(row)], int(state)) for row, state in bitmask],
+            {rid: list(ids) for rid, ids in out.scheduled_encoder_inputs.items()},
+            list(out.free_encoder_mm_hashes))
 
     def update(self, scheduled: Scheduled, sampled: dict[str, list[int]]) -> None:
         ids = [rid for rid, _ in scheduled.scheduled]

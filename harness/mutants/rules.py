@@ -19,6 +19,8 @@ from harness.patches import HYBRID_MODEL_CONFIG, KV_CACHE_INTERFACE, STRUCTURED_
 from reference import block_hash as rhash
 from reference import block_pool as rbp
 from reference import config as rconfig
+from reference import encoder_cache as renc
+from reference import encoder_inputs as rencin
 from reference import group_managers as rgm
 from reference import kv_cache_coordinator as rkc
 from reference import kv_cache_manager as rkv
@@ -147,6 +149,18 @@ def lora(c) -> bool:
 
 def lora_and_caching(c) -> bool:
     return lora(c) and caching(c)
+
+
+def encoder(c) -> bool:
+    return c.encoder_compute_budget is not None
+
+
+def encoder_and_caching(c) -> bool:
+    return encoder(c) and caching(c)
+
+
+def chunked_mm_off(c) -> bool:
+    return encoder(c) and c.disable_chunked_mm_input
 
 
 
@@ -747,6 +761,80 @@ def _no_rollback(self, num_tokens):
         SCHEDULER, replaces=(rso.Grammar, "accept"))
 def _outputs_not_accepted(self, tokens):
     return None
+
+
+# -- multimodal inputs --------------------------------------------------------------------
+
+@mutant("mm_hash_not_in_block_hash", "the content hashes of the items a block touches are "
+        "extra keys of the block", KV_CACHE_UTILS, replaces=(rhash, "mm_keys"),
+        applies=encoder_and_caching)
+def _no_mm_keys(items, start, end, item):
+    return (), item
+
+
+@mutant("mm_item_ending_at_block_start_skipped", "an item ending exactly where a block starts "
+        "counts as touching it", KV_CACHE_UTILS, replaces=(rhash, "ended_before"),
+        quirk="MM_HASH_ON_BLOCK_AFTER_A_LATER_HASHING", applies=encoder_and_caching)
+def _ended_at_or_before(item, start):
+    return start >= item.offset + item.length
+
+
+@mutant("mm_later_hashing_from_first_item", "a later hashing looks only at the last item",
+        KV_CACHE_UTILS, replaces=(rhash, "first_item_to_look_at"), applies=encoder_and_caching)
+def _always_from_the_first_item(items, start):
+    return 0
+
+
+_try_encode = rencin.try_schedule_encoder_inputs
+
+
+@mutant("encoder_budget_ignored", "the encoder runs at most encoder_compute_budget tokens a step",
+        SCHEDULER, replaces=(rsched, "try_schedule_encoder_inputs"), applies=encoder)
+def _unbounded_encoder(request, num_computed, num_new, budget, cache, **kw):
+    encode, num_new, _ = _try_encode(request, num_computed, num_new, 1 << 30, cache, **kw)
+    return encode, num_new, budget
+
+
+@mutant("encoder_outputs_not_shared", "an item whose content is in the encoder cache is not "
+        "encoded again", "vllm/v1/core/encoder_cache_manager.py",
+        replaces=(renc.EncoderCacheManager, "check_and_update_cache"), applies=encoder)
+def _never_cached(self, request, input_id):
+    return False
+
+
+@mutant("encoder_evicts_newest", "the encoder cache evicts the entry freeable longest first",
+        "vllm/v1/core/encoder_cache_manager.py",
+        replaces=(renc.EncoderCacheManager, "evict_until"), applies=encoder)
+def _evict_newest(self, needed):
+    while self.num_free_slots < needed:
+        mm_hash = next(reversed(self.freeable))
+        self.num_free_slots += self.freeable.pop(mm_hash)
+        del self.holders[mm_hash]
+        self.freed.append(mm_hash)
+
+
+@mutant("encoder_outputs_held_to_the_end", "a request lets go of an encoder output once its "
+        "placeholder is computed", SCHEDULER, replaces=(rsched, "free_encoder_inputs"),
+        applies=encoder)
+def _held_until_finished(request, num_computed, cache, **kw):
+    return None
+
+
+@mutant("chunked_mm_input_allowed", "with disable_chunked_mm_input a placeholder is computed "
+        "in one step", SCHEDULER, replaces=(rencin, "cut_to_whole_item"), applies=chunked_mm_off)
+def _never_cut_to_whole(item, num_computed, range_end):
+    return False
+
+
+@mutant("preempted_keeps_encoder_outputs", "a preempted request lets go of its encoder outputs",
+        SCHEDULER, replaces=(rsched.Scheduler, "_preempt"), applies=encoder)
+def _preempt_keeping_encoder(self, victim, plan):
+    self.kv.free(victim)
+    victim.status = RequestStatus.PREEMPTED
+    victim.num_computed_tokens = 0
+    self.waiting.prepend(victim)
+    plan.preempted.append(victim)
+    self.emit(rsched.events.Preempted(victim.request_id))
 
 
 # -- the rule changes of later releases (reference/releases.py) ---------------------------
