@@ -7,15 +7,18 @@ which; read the two side by side.
 What it models: KV cache groups of full, sliding-window, chunked-local and
 Mamba layers over one pool (hybrid models), with prefix hits common to all
 groups; chunked prefill (on and off); prefix caching with chained block
-hashes and ``cache_salt``; fcfs and priority policies with preemption by
-recomputation; speculative decoding (ngram without lookahead, eagle with
+hashes, ``cache_salt``, LoRA ids and image hashes as extra keys; fcfs and
+priority policies with preemption by recomputation; LoRA adapter slots
+(``lora``); structured output's grammar wait, draft validation and bitmask
+rows (``structured_output``); multimodal inputs with the encoder's budget and
+cache (``encoder_inputs``, ``encoder_cache``); speculative decoding (ngram without lookahead, eagle with
 lookahead and the dropped last hit); stops by ``max_tokens``,
 ``max_model_len``, EOS and stop tokens; aborts; ``reset_prefix_cache``; the
 worker's slot mapping.
 
-What it leaves out, because the harness never turns it on: encoders and
-multimodal inputs, encoder-decoder models, LoRA, KV connectors (P/D
-disaggregation, offloading), structured output, pooling models, async
+What it leaves out, because the harness never turns it on: encoder-decoder
+models (``encoder_inputs`` has the two branches, unused), KV connectors (P/D
+disaggregation, offloading), pooling models, async
 scheduling and output placeholders, pipeline and decode-context parallelism,
 cascade attention's common prefix counts, KV cache events, and statistics.
 """

@@ -10,8 +10,8 @@ function shows both versions of it.
 
 Only behaviour the harness can observe is listed: what a stream decides
 (token counts, pages, preemptions, hits, stops).  Refactors, renamed
-internals and features the streams never turn on (async scheduling, encoder
-inputs, connectors) are left out; ``harness/engines/vllm_compat.py`` follows
+internals and features the streams never turn on (async scheduling, KV
+connectors) are left out; ``harness/engines/vllm_compat.py`` follows
 the renamed internals.  One change is left out because no stream can show it:
 from 0.11.1 a running request's drafts are cleared once scheduled, but the
 proposer hands every scheduled request its next drafts before they are read
