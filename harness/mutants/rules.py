@@ -492,7 +492,7 @@ def _one_seat_too_many(self):
 
 
 @mutant("skipped_waiting_to_tail", "with chunked prefill off, skipped requests go back to the head",
-        REQUEST_QUEUE, replaces=(rq.FcfsQueue, "prepend_all"), applies=fcfs_chunked_off)
+        REQUEST_QUEUE, replaces=(rq.FcfsQueue, "prepend_all"), applies=None)
 def _to_the_tail(self, other):
     for request in other:
         self.add(request)
@@ -500,7 +500,7 @@ def _to_the_tail(self, other):
 
 @mutant("set_aside_order_kept", "requests set aside in one step come back reversed (fcfs)",
         SCHEDULER, replaces=(rsched.Scheduler, "set_aside"),
-        quirk="SKIPPED_WAITING_REQUESTS_REVERSED", applies=fcfs_chunked_off)
+        quirk="SKIPPED_WAITING_REQUESTS_REVERSED", applies=None)
 def _set_aside_in_order(self, set_aside, request):
     set_aside.add(request)
 
