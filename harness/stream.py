@@ -79,11 +79,13 @@ class Config:
     kv_cache_groups: tuple[KVCacheGroup, ...] | None = None
     # None: LoRA off (vLLM has no LoRAConfig); else at most this many adapters per step.
     max_loras: int | None = None
-    # Multimodal inputs: the encoder's tokens per step and its cache's room (vLLM derives
-    # both from the model's processor; None: no encoder), and whether a placeholder may
-    # be split across steps.
+    # Multimodal inputs: the encoder's tokens per step and its cache's room as configured
+    # (None: max_num_batched_tokens, as vLLM sets them), the model's largest item (None:
+    # the stream's longest), and whether a placeholder may be split across steps.  Any of
+    # the first three makes the model one with an encoder.
     encoder_compute_budget: int | None = None
     encoder_cache_size: int | None = None
+    max_tokens_per_mm_item: int | None = None
     disable_chunked_mm_input: bool = False
     model: str = "qwen2.5-0.5b"
     max_steps: int = 1000
@@ -91,6 +93,11 @@ class Config:
     @property
     def groups(self) -> tuple[KVCacheGroup, ...]:
         return self.kv_cache_groups or (KVCacheGroup(),)
+
+    @property
+    def has_encoder(self) -> bool:
+        return not (self.encoder_compute_budget is None and self.encoder_cache_size is None
+                    and self.max_tokens_per_mm_item is None)
 
     @property
     def uses_eagle(self) -> bool:
@@ -109,7 +116,7 @@ class Config:
 #: streams were first recorded, so older streams keep their bytes).
 OPTIONAL_CONFIG_FIELDS = {"kv_cache_groups": None, "max_loras": None,
                           "encoder_compute_budget": None, "encoder_cache_size": None,
-                          "disable_chunked_mm_input": False}
+                          "max_tokens_per_mm_item": None, "disable_chunked_mm_input": False}
 OPTIONAL_REQUEST_FIELDS = {"lora": None, "structured_output": None, "mm_inputs": ()}
 
 
@@ -495,6 +502,10 @@ def _config_errors(c: Config) -> list[str]:
     if not c.enable_chunked_prefill and c.max_num_batched_tokens < c.max_model_len:
         errors.append("config.max_num_batched_tokens: must be >= max_model_len when "
                       "enable_chunked_prefill is false (vLLM SchedulerConfig)")
+    if (c.disable_chunked_mm_input and c.max_tokens_per_mm_item is not None
+            and c.max_tokens_per_mm_item > c.max_num_batched_tokens):
+        errors.append("config.max_tokens_per_mm_item: must be <= max_num_batched_tokens when "
+                      "disable_chunked_mm_input is true (vLLM refuses it at start-up)")
     errors += _group_errors(c)
     if c.kv_cache_groups is None:
         needed = cdiv(c.max_model_len, c.block_size)
@@ -509,6 +520,14 @@ def _config_errors(c: Config) -> list[str]:
                           "max_model_len request can hold in all KV cache groups together "
                           "(vLLM start-up check)")
     return errors
+
+
+def largest_mm_item(s: Stream) -> int:
+    """The model's largest multimodal item, in placeholder tokens: as the stream's config
+    says, else its longest item (0 for a stream with no items)."""
+    if s.config.max_tokens_per_mm_item is not None:
+        return s.config.max_tokens_per_mm_item
+    return max((m.length for r in s.requests for m in r.mm_inputs), default=0)
 
 
 def max_pages_per_request(g: KVCacheGroup, c: Config) -> int:
@@ -626,9 +645,9 @@ def _mm_input_errors(r: RequestSpec, where: str, c: Config) -> list[str]:
     if not r.mm_inputs:
         return []
     errors = []
-    if c.encoder_compute_budget is None or c.encoder_cache_size is None:
-        return [f"{where}.mm_inputs: needs config.encoder_compute_budget and "
-                "config.encoder_cache_size (a model with an encoder)"]
+    if not c.has_encoder:
+        return [f"{where}.mm_inputs: needs a model with an encoder (config.max_tokens_per_mm_item, "
+                "encoder_compute_budget or encoder_cache_size)"]
     end = 0
     for j, m in enumerate(r.mm_inputs):
         at = f"{where}.mm_inputs[{j}]"
@@ -638,10 +657,10 @@ def _mm_input_errors(r: RequestSpec, where: str, c: Config) -> list[str]:
         if m.end > len(r.prompt):
             errors.append(f"{at}: the placeholder must lie inside the prompt "
                           f"(offset + length <= {len(r.prompt)})")
-        if m.length > min(c.encoder_compute_budget, c.encoder_cache_size):
-            errors.append(f"{at}.length: must be <= encoder_compute_budget and "
-                          "encoder_cache_size (vLLM sizes both to take the largest item)")
-        if c.disable_chunked_mm_input and m.length > c.max_num_batched_tokens:
+        if c.max_tokens_per_mm_item is not None and m.length > c.max_tokens_per_mm_item:
+            errors.append(f"{at}.length: must be <= config.max_tokens_per_mm_item "
+                          f"({c.max_tokens_per_mm_item}, the model's largest item)")
+        elif c.disable_chunked_mm_input and m.length > c.max_num_batched_tokens:
             errors.append(f"{at}.length: must be <= max_num_batched_tokens when "
                           "disable_chunked_mm_input is true (vLLM refuses it at start-up)")
         end = max(end, m.end)

@@ -30,10 +30,13 @@ class Config:
     kv_cache_groups: tuple[KVCacheSpec, ...] = ()
     # LoRA: the most distinct adapters in one step; None: LoRA off.
     max_loras: int | None = None
-    # Multimodal: encoder tokens per step, the encoder cache's room (0: no encoder), and
-    # whether a placeholder must be computed in one step.
-    encoder_compute_budget: int = 0
-    encoder_cache_size: int = 0
+    # Multimodal: encoder tokens per step and the encoder cache's room as configured
+    # (None: max_num_batched_tokens, SchedulerConfig's own choice), the largest item of
+    # each modality the model takes (none: a text-only model, no encoder), and whether a
+    # placeholder must be computed in one step.
+    encoder_compute_budget: int | None = None
+    encoder_cache_size: int | None = None
+    max_tokens_by_modality: tuple[tuple[str, int], ...] = ()
     disable_chunked_mm_input: bool = False
     # Rule changes of a later release in effect (reference.releases); none: 0.11.0.
     rules: frozenset[str] = frozenset()

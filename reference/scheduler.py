@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from reference import events
 from reference.config import Config
-from reference.encoder_cache import EncoderCacheManager
+from reference.encoder_cache import EncoderCacheManager, encoder_budgets
 from reference.encoder_inputs import free_encoder_inputs, try_schedule_encoder_inputs
 from reference.kv_cache_manager import KVCacheManager, block_ids
 from reference.lora import AdapterSlots
@@ -70,11 +70,24 @@ class Scheduler:
         self.kv = KVCacheManager(config.num_blocks, config.block_size, config.max_model_len,
                                  config.enable_prefix_caching, config.use_eagle, emit,
                                  config.groups, config.has)
-        self.encoder_cache = EncoderCacheManager(config.encoder_cache_size)
+        self.encoder_compute_budget, cache_size = self.encoder_sizes()
+        self.encoder_cache = EncoderCacheManager(cache_size)
         self.requests: dict[str, Request] = {}
         self.waiting = make_queue(config.policy)
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()
+
+    def encoder_sizes(self) -> tuple[int, int]:
+        """The encoder's tokens per step and its cache's room, raised to the largest item."""
+        c = self.config
+        configured = c.max_num_batched_tokens
+        return encoder_budgets(
+            dict(c.max_tokens_by_modality),
+            max_num_encoder_input_tokens=configured if c.encoder_compute_budget is None
+            else c.encoder_compute_budget,
+            encoder_cache_size=configured if c.encoder_cache_size is None else c.encoder_cache_size,
+            max_num_batched_tokens=c.max_num_batched_tokens,
+            disable_chunked_mm_input=c.disable_chunked_mm_input)
 
     # -- requests in and out ---------------------------------------------------------
 
@@ -108,7 +121,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         plan = StepPlan(token_budget=self.config.max_num_batched_tokens,
-                        encoder_budget=self.config.encoder_compute_budget)
+                        encoder_budget=self.encoder_compute_budget)
         self._schedule_running(plan)
         plan.adapters = AdapterSlots(self.config.max_loras, plan.running)
         if self.admits_waiting(plan):

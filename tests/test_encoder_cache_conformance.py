@@ -198,3 +198,35 @@ def test_many_items_are_let_go_in_vllms_order(vllm_side, how):
         pair.assert_same_state(f"{how} {cached}")
         orders.add([h for h, _ in pair.ref.freeable_order()] == [f"h{k}" for k in cached])
     assert orders == {True, False}  # some subsets really are let go out of index order
+
+
+@settings(max_examples=40, deadline=None)
+@given(batched=st.integers(4, 24), budget=st.none() | st.integers(1, 24),
+       cache=st.none() | st.integers(1, 24), largest=st.integers(0, 24),
+       whole_items=st.booleans())
+def test_encoder_sizes_match_vllms_start_up(vllm_side, batched, budget, cache, largest,
+                                            whole_items):
+    """vLLM's Scheduler sizes its encoder budget and cache itself, from the scheduler
+    config and the model's largest item (the stand-in registry's one number); the
+    reference's sizes agree, and so does the refusal of an item that cannot fit one step
+    with chunked multimodal input off."""
+    from harness.engines.reference_engine import reference_config
+    from harness.engines.vllm_adapter import build_scheduler
+    from harness.stream import Config, Stream
+    from reference.scheduler import Scheduler
+
+    config = Config(max_num_batched_tokens=batched, max_num_seqs=2, max_model_len=24,
+                    num_gpu_blocks=16, encoder_compute_budget=budget, encoder_cache_size=cache,
+                    max_tokens_per_mm_item=largest or None, disable_chunked_mm_input=whole_items)
+    try:
+        vllm = build_scheduler(config, largest)
+        got = (vllm.max_num_encoder_input_tokens, vllm.encoder_cache_manager.cache_size)
+    except ValueError:
+        got = "refused"
+    try:
+        ref = Scheduler(reference_config(Stream(name="s", config=config, requests=())))
+        want = (ref.encoder_compute_budget, ref.encoder_cache.cache_size)
+    except ValueError:
+        want = "refused"
+    assert got == want
+    assert (got == "refused") == (whole_items and largest > batched)

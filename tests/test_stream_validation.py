@@ -344,7 +344,7 @@ MM = {"encoder_compute_budget": 4, "encoder_cache_size": 6}
 
 def test_mm_inputs_need_an_encoder():
     rejects(stream(requests=[req(mm_inputs=[{"offset": 0, "length": 2, "hash": "cat"}])]),
-            r"^requests\[0\] \(a\)\.mm_inputs: needs config\.encoder_compute_budget")
+            r"^requests\[0\] \(a\)\.mm_inputs: needs a model with an encoder")
 
 
 def test_mm_input_outside_the_prompt():
@@ -358,10 +358,30 @@ def test_mm_inputs_out_of_order():
             r"^requests\[0\] \(a\)\.mm_inputs\[1\]\.offset: placeholders must be in prompt order")
 
 
-def test_mm_input_longer_than_the_encoder_budget():
-    rejects(stream(config=MM, requests=[req(prompt=[0] * 6, mm_inputs=[
-        {"offset": 0, "length": 5, "hash": "c"}])]),
-            r"^requests\[0\] \(a\)\.mm_inputs\[0\]\.length: must be <= encoder_compute_budget")
+def test_mm_input_longer_than_the_models_largest_item():
+    rejects(stream(config={**MM, "max_tokens_per_mm_item": 4}, requests=[req(
+        prompt=[0] * 6, mm_inputs=[{"offset": 0, "length": 5, "hash": "c"}])]),
+            r"^requests\[0\] \(a\)\.mm_inputs\[0\]\.length: must be <= "
+            r"config\.max_tokens_per_mm_item \(4, the model's largest item\)$")
+
+
+def test_mm_input_longer_than_the_configured_encoder_budget_is_taken():
+    """vLLM raises the budget and the cache to the largest item: a longer item is fine."""
+    parse_stream(stream(config=MM, requests=[req(prompt=[0] * 8, mm_inputs=[
+        {"offset": 0, "length": 8, "hash": "c"}])]))
+
+
+def test_any_encoder_size_makes_a_model_with_an_encoder():
+    for field in ("max_tokens_per_mm_item", "encoder_compute_budget", "encoder_cache_size"):
+        parse_stream(stream(config={field: 2}, requests=[req(mm_inputs=[
+            {"offset": 0, "length": 2, "hash": "c"}])]))
+
+
+def test_largest_item_longer_than_the_token_budget_without_chunking():
+    data = stream(config={"max_tokens_per_mm_item": 40, "disable_chunked_mm_input": True})
+    data["config"]["max_num_batched_tokens"] = 32
+    rejects(data, r"^config\.max_tokens_per_mm_item: must be <= max_num_batched_tokens when "
+                  r"disable_chunked_mm_input is true")
 
 
 def test_mm_input_longer_than_the_token_budget_without_chunking():

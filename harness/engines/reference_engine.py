@@ -16,7 +16,7 @@ from reference.structured_output import Grammar
 
 from harness.engines.base import (NEW, RESUMED, RUNNING, Handed, Observed, RequestState,
                                   Scheduled, to_scheduled)
-from harness.stream import RequestSpec, Stream, lora_ids
+from harness.stream import RequestSpec, Stream, largest_mm_item, lora_ids
 from reference.arith import cdiv
 
 def reference_config(stream: Stream, rules: frozenset[str] = frozenset()) -> Config:
@@ -30,9 +30,16 @@ def reference_config(stream: Stream, rules: frozenset[str] = frozenset()) -> Con
         long_prefill_token_threshold=c.long_prefill_token_threshold, policy=c.policy,
         num_speculative_tokens=c.num_speculative_tokens, use_eagle=c.uses_eagle,
         kv_cache_groups=() if c.kv_cache_groups is None else group_specs(c),
-        max_loras=c.max_loras, encoder_compute_budget=c.encoder_compute_budget or 0,
-        encoder_cache_size=c.encoder_cache_size or 0,
+        max_loras=c.max_loras, encoder_compute_budget=c.encoder_compute_budget,
+        encoder_cache_size=c.encoder_cache_size, max_tokens_by_modality=modalities(stream),
         disable_chunked_mm_input=c.disable_chunked_mm_input)
+
+
+def modalities(stream: Stream) -> tuple[tuple[str, int], ...]:
+    """The model's largest item per modality: every stream item is an image; a model with
+    an encoder but no item length to go by reports none (as one whose modalities are off)."""
+    largest = largest_mm_item(stream)
+    return (("image", largest),) if stream.config.has_encoder and largest else ()
 
 
 def group_specs(c) -> tuple[KVCacheSpec, ...]:

@@ -24,9 +24,12 @@ reads only the integer id) under a real ``LoRAConfig``.
 Multimodal inputs: real ``MultiModalFeatureSpec``s (placeholder range and content
 hash; no pixel data, which only the worker reads) and vLLM's real
 ``EncoderCacheManager``.  vLLM sizes the encoder's compute budget and cache
-from the model's multimodal processor, which the bundled text-only configs do
-not have: the scheduler's two values are set from the stream instead
-(``encoder_compute_budget``, ``encoder_cache_size``) right after it is built.
+itself (``compute_encoder_budget``: the scheduler config's two sizes, raised to
+the model's largest item); only the largest item comes from a stand-in,
+:class:`EncoderRegistry`, because vLLM asks the model's multimodal processor,
+which the bundled text-only configs do not have.  The scheduler config's two
+sizes are set from the stream where it names them (``encoder_compute_budget``,
+``encoder_cache_size``; vLLM itself always sets ``max_num_batched_tokens``).
 
 Structured output: vLLM compiles a grammar with a backend (xgrammar) that needs
 the tokenizer, which is not available offline.  The request, its
@@ -51,7 +54,6 @@ from vllm.config import (CacheConfig, DeviceConfig, LoRAConfig, ModelConfig,  # 
                          SchedulerConfig, VllmConfig)
 from vllm.lora.request import LoRARequest  # noqa: E402
 from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange  # noqa: E402
-from vllm.v1.core.encoder_cache_manager import EncoderCacheManager  # noqa: E402
 from vllm.sampling_params import SamplingParams, StructuredOutputsParams  # noqa: E402
 from vllm.v1.core.kv_cache_utils import (get_request_block_hasher,  # noqa: E402
                                          init_none_hash)
@@ -69,7 +71,7 @@ from harness.engines import vllm_compat as compat  # noqa: E402
 from harness.engines.base import (NEW, RESUMED, RUNNING, Handed, Observed,  # noqa: E402
                                   RequestState, Scheduled, to_scheduled)
 from harness.paths import MODELS_DIR  # noqa: E402
-from harness.stream import Config, RequestSpec, Stream, lora_ids  # noqa: E402
+from harness.stream import Config, RequestSpec, Stream, largest_mm_item, lora_ids  # noqa: E402
 from reference.arith import cdiv  # noqa: E402
 
 vllm_env.quiet_vllm_logs()
@@ -187,7 +189,24 @@ def model_config(name: str, max_model_len: int) -> ModelConfig:
     return mc
 
 
-def build_scheduler(c: Config) -> Scheduler:
+class EncoderRegistry:
+    """Stands in for vLLM's ``MultiModalRegistry`` where the scheduler asks it for the
+    model's largest item per modality: every item is an image of at most ``largest``
+    tokens (none: a model whose modalities are all off)."""
+
+    def __init__(self, largest: int) -> None:
+        self.by_modality = {"image": largest} if largest else {}
+
+    def supports_multimodal_inputs(self, model_config) -> bool:
+        return True
+
+    def get_max_tokens_per_item_by_modality(self, model_config, **kwargs) -> dict[str, int]:
+        return dict(self.by_modality)
+
+    get_max_tokens_per_item_by_nonzero_modality = get_max_tokens_per_item_by_modality
+
+
+def build_scheduler(c: Config, largest_mm_item: int = 0) -> Scheduler:
     mc = model_config(c.model, c.max_model_len)
     sc = SchedulerConfig(
         disable_chunked_mm_input=c.disable_chunked_mm_input,
@@ -214,13 +233,16 @@ def build_scheduler(c: Config) -> Scheduler:
     wanted = (c.max_num_batched_tokens, c.block_size, c.enable_chunked_prefill, c.max_model_len)
     if effective != wanted:
         raise RuntimeError(f"vLLM changed the config: wanted {wanted}, got {effective}")
-    sched = Scheduler(vllm_config=vc, kv_cache_config=kv_cache_config(c, vc),
-                      structured_output_manager=StructuredOutputManager(vc), log_stats=False,
-                      **compat.scheduler_kwargs(vc))
-    if c.encoder_compute_budget is not None:
-        sched.max_num_encoder_input_tokens = c.encoder_compute_budget
-        sched.encoder_cache_manager = EncoderCacheManager(cache_size=c.encoder_cache_size)
-    return sched
+    encoder = {}
+    if c.has_encoder:
+        encoder["mm_registry"] = EncoderRegistry(largest_mm_item)
+        if c.encoder_compute_budget is not None:
+            sc.max_num_encoder_input_tokens = c.encoder_compute_budget
+        if c.encoder_cache_size is not None:
+            sc.encoder_cache_size = c.encoder_cache_size
+    return Scheduler(vllm_config=vc, kv_cache_config=kv_cache_config(c, vc),
+                     structured_output_manager=StructuredOutputManager(vc), log_stats=False,
+                     **encoder, **compat.scheduler_kwargs(vc))
 
 
 def kv_cache_config(c: Config, vc: VllmConfig) -> KVCacheConfig:
@@ -269,7 +291,7 @@ class VllmEngine:
     def start(self, stream: Stream) -> None:
         c = stream.config
         self.config = c
-        self.sched = build_scheduler(c)
+        self.sched = build_scheduler(c, largest_mm_item(stream))
         self.hasher = None
         if c.enable_prefix_caching:
             hash_fn = compat.hash_fn(self.sched.cache_config.prefix_caching_hash_algo)
