@@ -103,6 +103,10 @@ PROPERTIES: tuple[Property, ...] = (
     Property("mm_prefix_hits", st.mm_hash_streams,
              targets=("mm_hash_not_in_block_hash", "mm_item_ending_at_block_start_skipped",
                       "mm_later_hashing_from_first_item"), scale=2),
+    Property("lora_encoder_skips", st.lora_encoder_skip_streams, ("lora_overfill",),
+             targets=("lora_overfill_not_asserted",)),
+    Property("pooling", st.pooling_streams, ("pooled_after_chunks",),
+             targets=("pooled_request_runs_on",)),
 )
 
 

@@ -990,7 +990,9 @@ def mm_streams(draw, **knobs: Any) -> dict[str, Any]:
     token), and each item one of two content hashes -- so prompts that share a prefix
     share a prefix hit only when their images agree, and the encoder cache shares an
     output between requests with the same image.  Budgets of 1-16 encoder tokens and
-    caches of 1-24 tokens (never below the largest item), small token budgets so
+    caches of 1-24 tokens as configured (often below the largest item, which
+    vLLM raises them to; one time in six left to the token budget), the model's
+    largest item above the stream's one time in three, small token budgets so
     prompts are chunked across placeholders, ``disable_chunked_mm_input`` in a third
     of the configs, tight pools so requests preempt each other.  ``knobs`` go to
     :func:`streams`.
@@ -1010,10 +1012,17 @@ def mm_streams(draw, **knobs: Any) -> dict[str, Any]:
     if not layout:
         layout = [(0, 1)]
     largest = max(length for _, length in layout)
-    config["encoder_compute_budget"] = draw(st.integers(largest, max(largest, 16)))
-    config["encoder_cache_size"] = draw(st.integers(largest, max(largest, 24)))
-    if _one_in(draw, 3) and largest <= config["max_num_batched_tokens"]:
+    budget = config["max_num_batched_tokens"]
+    if _one_in(draw, 3) and largest <= budget:
         config["disable_chunked_mm_input"] = True
+    for key, most in (("encoder_compute_budget", 16), ("encoder_cache_size", 24)):
+        if not _one_in(draw, 6):  # else: the token budget, as vLLM sets it
+            config[key] = draw(st.integers(largest, max(largest, most)) | st.integers(1, most))
+    if _one_in(draw, 3):  # the model's largest item, above the stream's
+        most = budget if config.get("disable_chunked_mm_input") else 16
+        config["max_tokens_per_mm_item"] = draw(st.integers(largest, max(largest, most)))
+    elif "encoder_compute_budget" not in config and "encoder_cache_size" not in config:
+        config["encoder_compute_budget"] = budget
     data = draw(streams(**_with(dict(config=config, min_requests=1, max_requests=6,
                                      shared_prefixes="always", max_arrival_step=6), knobs)))
     for request in data["requests"]:
@@ -1120,6 +1129,85 @@ def mm_hash_streams(draw, **knobs: Any) -> dict[str, Any]:
     return {"config": config, "requests": requests}
 
 
+@st.composite
+def lora_encoder_skip_streams(draw, **knobs: Any) -> dict[str, Any]:
+    """LoRA adapters meeting a spent encoder budget: a first request without an adapter
+    holds two images, each using up the encoder's budget in its step; behind it, one or
+    two requests under adapters hold an image right after a short text prefix, and one or
+    two more arrive under other adapters at step 0 or 1.  In step 1 the adapters'
+    requests are running but get no token (their image cannot be encoded yet), so their
+    adapters do not hold slots, and a waiting request under another adapter is admitted;
+    when they run again the step holds more adapters than ``max_loras`` and vLLM fails
+    its assertion (quirks.LORA_SLOTS_OVERFILLED_AFTER_A_SKIP).  Now and then the first
+    request runs under the first adapter, or the encoder's budget has a token to spare,
+    and nothing fails.  ``knobs`` are not used (the requests are built here).
+    Shrinks towards: one adapter slot, 2-token images, one request of each kind.
+    """
+    length = draw(st.integers(2, 6))
+    max_loras = draw(st.integers(1, 2))
+    block_size = draw(st.sampled_from([4, 2, 8]))
+    config = draw(configs(block_size=block_size, max_model_len=48, budget=64,
+                          max_num_seqs=st.integers(4, 6), spare_blocks=st.integers(4, 16),
+                          enable_chunked_prefill=True, num_speculative_tokens=0,
+                          long_prefill_token_threshold=0, policy="fcfs"))
+    config["max_loras"] = max_loras
+    config["encoder_compute_budget"] = length + (1 if _one_in(draw, 6) else 0)
+    config["encoder_cache_size"] = 3 * length
+    gap, tail = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    first = [0] * length + _tokens(draw, gap, DEFAULT_VOCAB_SIZE, frozenset({0})) \
+        + [0] * length + _tokens(draw, tail, DEFAULT_VOCAB_SIZE, frozenset({0}))
+    stalled = draw(st.integers(1, max_loras))
+    late = draw(st.integers(1, 2))
+    ids = draw(request_ids(1 + stalled + late))
+    head = {"id": ids[0], "prompt": first, "output": _tokens(draw, draw(st.integers(2, 4)),
+                                                                  DEFAULT_VOCAB_SIZE),
+            "mm_inputs": [{"offset": 0, "length": length, "hash": "image0"},
+                          {"offset": length + gap, "length": length, "hash": "image1"}]}
+    if _one_in(draw, 8):
+        head["lora"] = "adapter0"
+    requests = [head]
+    for n, rid in enumerate(ids[1:1 + stalled]):
+        prefix = _tokens(draw, draw(st.integers(1, 4)), DEFAULT_VOCAB_SIZE, frozenset({0}))
+        rest = _tokens(draw, draw(st.integers(1, 4)), DEFAULT_VOCAB_SIZE, frozenset({0}))
+        requests.append({"id": rid, "prompt": prefix + [0] * length + rest,
+                         "output": _tokens(draw, draw(st.integers(3, 6)), DEFAULT_VOCAB_SIZE),
+                         "lora": f"adapter{n}",
+                         "mm_inputs": [{"offset": len(prefix), "length": length,
+                                        "hash": f"image{2 + n}"}]})
+    arrival = 0
+    for n, rid in enumerate(ids[1 + stalled:]):
+        arrival = draw(st.integers(arrival, 1))
+        requests.append({"id": rid,
+                         "prompt": _tokens(draw, draw(st.integers(1, 6)), DEFAULT_VOCAB_SIZE),
+                         "output": _tokens(draw, draw(st.integers(2, 6)), DEFAULT_VOCAB_SIZE),
+                         "lora": f"adapter{stalled + n}", "arrival_step": arrival})
+    return {"config": config, "requests": requests}
+
+
+#: The request fields a pooling request keeps (it has no sampling parameters).
+POOLING_KEEPS = ("id", "prompt", "arrival_step", "priority", "abort_step", "cache_salt", "lora",
+                 "mm_inputs")
+
+
+@st.composite
+def pooling_streams(draw, **knobs: Any) -> dict[str, Any]:
+    """Pooling requests (embeddings): every request pools, so none samples a token and
+    each finishes once its prefill is computed -- after several chunks under the small
+    token budgets, after preemption in tight pools, or at once on a prefix hit from a
+    shared prompt.  Streams of :func:`streams` (no drafts) with the sampling fields
+    dropped and the outputs emptied.  ``knobs`` go to :func:`streams`.
+    Shrinks towards: the shrunk :func:`streams` stream, pooled.
+    """
+    config = configs(num_speculative_tokens=0, budget=st.integers(2, 24),
+                     spare_blocks=st.integers(0, 6))
+    data = draw(streams(**_with(dict(config=config, min_requests=1, max_requests=6,
+                                     shared_prefixes="always", prompt_logprobs=False,
+                                     drafts=False), knobs)))
+    data["requests"] = [{**{k: r[k] for k in POOLING_KEEPS if k in r}, "output": [],
+                         "pooling": True} for r in data["requests"]]
+    return data
+
+
 def any_stream(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
     """Any stream: the general :func:`streams` or one of the focused or targeted variants.
 
@@ -1133,4 +1221,5 @@ def any_stream(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
                      priority_victim_streams(**knobs), hybrid_streams(**knobs),
                      window_hit_streams(**knobs), draft_window_streams(**knobs),
                      lora_streams(**knobs), grammar_streams(**knobs), mm_streams(**knobs),
-                     encoder_pressure_streams(**knobs), mm_hash_streams(**knobs))
+                     encoder_pressure_streams(**knobs), mm_hash_streams(**knobs),
+                     lora_encoder_skip_streams(**knobs), pooling_streams(**knobs))

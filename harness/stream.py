@@ -117,7 +117,8 @@ class Config:
 OPTIONAL_CONFIG_FIELDS = {"kv_cache_groups": None, "max_loras": None,
                           "encoder_compute_budget": None, "encoder_cache_size": None,
                           "max_tokens_per_mm_item": None, "disable_chunked_mm_input": False}
-OPTIONAL_REQUEST_FIELDS = {"lora": None, "structured_output": None, "mm_inputs": ()}
+OPTIONAL_REQUEST_FIELDS = {"lora": None, "structured_output": None, "mm_inputs": (),
+                           "pooling": False}
 
 
 def _without_absent(d: dict[str, Any], optional: dict[str, Any]) -> dict[str, Any]:
@@ -177,6 +178,7 @@ class RequestSpec:
     lora: str | None = None  # the LoRA adapter's name; None: the base model
     structured_output: StructuredOutput | None = None
     mm_inputs: tuple[MMInput, ...] = ()  # in prompt order
+    pooling: bool = False  # an embedding: no sampling, finished once its prefill is done
 
     @property
     def effective_max_tokens(self) -> int:
@@ -597,10 +599,14 @@ def _request_errors(s: Stream) -> list[str]:
         seen.add(r.id)
         if r.abort_step is not None and r.abort_step <= r.arrival_step:
             errors.append(f"{where}.abort_step: must be > arrival_step")
+        if r.pooling:
+            errors += _pooling_errors(r, where)
+        elif not r.output:
+            errors.append(f"{where}.output: must hold at least 1 token(s)")
         if len(r.prompt) >= c.max_model_len:
             errors.append(f"{where}.prompt: length {len(r.prompt)} must be < max_model_len "
                           f"({c.max_model_len})")
-        else:
+        elif not r.pooling:
             needed = r.stop_index(c.max_model_len) + 1
             if len(r.output) < needed:
                 errors.append(f"{where}.output: script has {len(r.output)} token(s) but the request "
@@ -617,9 +623,31 @@ def _request_errors(s: Stream) -> list[str]:
                           "when LoRA is not enabled)")
         errors += _structured_output_errors(r, where, c)
         errors += _mm_input_errors(r, where, c)
+    pooling = [r for r in s.requests if r.pooling]
+    if pooling and len(pooling) < len(s.requests):
+        first = next(i for i, r in enumerate(s.requests) if r.pooling != s.requests[0].pooling)
+        errors.append(f"requests[{first}] ({s.requests[first].id}).pooling: every request of a "
+                      "stream must pool or none (vLLM's model runner either pools or generates)")
+    if pooling and s.speculative:
+        errors.append("config.num_speculative_tokens: must be 0 for pooling requests "
+                      "(a pooling model drafts nothing)")
     if total > MAX_TOTAL_TOKENS:
         errors.append(f"requests: {total:,} tokens in all (prompts, outputs, drafts); "
                       f"at most {MAX_TOTAL_TOKENS:,}")
+    return errors
+
+
+#: A pooling request has no sampling parameters: these fields must keep their defaults.
+SAMPLING_FIELDS = {"max_tokens": None, "eos_token_id": None, "stop_token_ids": (),
+                   "ignore_eos": False, "prompt_logprobs": None, "drafts": (),
+                   "structured_output": None}
+
+
+def _pooling_errors(r: RequestSpec, where: str) -> list[str]:
+    errors = [f"{where}.output: must be empty for a pooling request (a pooling model "
+              "samples no token)"] if r.output else []
+    errors += [f"{where}.{name}: a pooling request has no sampling parameters"
+               for name, default in SAMPLING_FIELDS.items() if getattr(r, name) != default]
     return errors
 
 

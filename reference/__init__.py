@@ -11,14 +11,15 @@ hashes, ``cache_salt``, LoRA ids and image hashes as extra keys; fcfs and
 priority policies with preemption by recomputation; LoRA adapter slots
 (``lora``); structured output's grammar wait, draft validation and bitmask
 rows (``structured_output``); multimodal inputs with the encoder's budget and
-cache (``encoder_inputs``, ``encoder_cache``); speculative decoding (ngram without lookahead, eagle with
+cache, sized from the model's largest item (``encoder_inputs``,
+``encoder_cache``); speculative decoding (ngram without lookahead, eagle with
 lookahead and the dropped last hit); stops by ``max_tokens``,
-``max_model_len``, EOS and stop tokens; aborts; ``reset_prefix_cache``; the
-worker's slot mapping.
+``max_model_len``, EOS and stop tokens; pooling requests, finished by their
+pooled output; aborts; ``reset_prefix_cache``; the worker's slot mapping.
 
 What it leaves out, because the harness never turns it on: encoder-decoder
 models (``encoder_inputs`` has the two branches, unused), KV connectors (P/D
-disaggregation, offloading), pooling models, async
+disaggregation, offloading), token-level pooling tasks, async
 scheduling and output placeholders, pipeline and decode-context parallelism,
 cascade attention's common prefix counts, KV cache events, and statistics.
 """

@@ -37,6 +37,18 @@ REJECTED_DRAFTS_ALWAYS_SUBTRACTED
     count had restarted from 0 and holds only this step's grant.
     Code: scheduler.Scheduler._take_back_rejected.
 
+LORA_SLOTS_OVERFILLED_AFTER_A_SKIP
+    A step's adapter slots are counted from the running requests it schedules;
+    a running request that gets no token (its next placeholder cannot be
+    encoded: the encoder budget is spent) is not among them, so its adapter
+    holds no slot that step and a waiting request under another adapter can be
+    admitted into it.  When the skipped request runs again, the step's running
+    requests hold more than ``max_loras`` adapters and vLLM's step fails its
+    assertion: the engine raises ``AssertionError`` (every release from 0.11.0
+    to 0.33.0 keeps the check).  The reference raises at the same step.
+    Bundled stream: lora_slots_overfilled_after_a_skip.
+    Code: lora.AdapterSlots.check_not_overfilled.
+
 NULL_PAGE_CACHED
     A sliding-window group gives back the pages that left the window and puts
     the null page in their place, without asking whether they were cached yet.

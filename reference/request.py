@@ -47,6 +47,7 @@ class Request:
     lora_id: int | None = None  # the LoRA adapter's integer id; None: the base model
     grammar: Grammar | None = None  # structured output's grammar; None: unconstrained
     encoder_inputs: tuple[EncoderInput, ...] = ()  # multimodal items, in prompt order
+    pooling: bool = False  # a pooling request (an embedding): no sampling at all
     # Set when prefix caching is on: keys are kept for every full block.
     hash_block_size: int | None = None
 
@@ -114,6 +115,14 @@ def check_stop(request: Request, max_model_len: int, stop_tokens_first: bool = F
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True
     return False
+
+
+def check_pooled(request: Request) -> bool:
+    """A pooling request stops as soon as the model hands back its pooled output,
+    which it does once the prefill is computed.  (Its ``max_tokens`` is 1 and it never
+    has an output token, so the length rules never apply to it.)"""
+    request.status = RequestStatus.FINISHED_STOPPED
+    return True
 
 
 def length_capped(request: Request, max_model_len: int) -> bool:

@@ -32,7 +32,7 @@ from reference.encoder_inputs import free_encoder_inputs, try_schedule_encoder_i
 from reference.kv_cache_manager import KVCacheManager, block_ids
 from reference.lora import AdapterSlots
 from reference.output import CachedRequestData, NewRequestData, SchedulerOutput
-from reference.request import Request, RequestStatus, check_stop
+from reference.request import Request, RequestStatus, check_pooled, check_stop
 from reference.request_queue import RequestQueue, make_queue
 from reference.structured_output import grammar_batch
 
@@ -415,7 +415,11 @@ class Scheduler:
     # -- after the model ran -----------------------------------------------------------
 
     def update_from_output(self, output: SchedulerOutput, sampled: dict[str, list[int]]) -> None:
-        """Take the sampled tokens: undo rejected drafts, append outputs, stop requests."""
+        """Take the sampled tokens: undo rejected drafts, append outputs, stop requests.
+
+        ``sampled`` holds the requests the model answered for: the tokens sampled, or
+        for a pooling request its pooled output (no token).  A partial prefill is absent.
+        """
         stopped_running, stopped_waiting = [], []
         for req_id in output.num_scheduled_tokens:
             request = self.requests.get(req_id)
@@ -427,6 +431,8 @@ class Scheduler:
                 self._take_back_rejected(request, drafts, tokens)
             status_before = request.status
             kept, stopped = self._append_outputs(request, tokens)
+            if request.pooling and req_id in sampled:
+                stopped = check_pooled(request)
             if stopped:
                 self._free_request(request)
                 (stopped_running if status_before == RequestStatus.RUNNING

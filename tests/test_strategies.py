@@ -183,12 +183,17 @@ def rules_reached(data: dict[str, Any]) -> set[str]:
             start = rec["computed_before"][rid]
             if any(start < m.offset == start + n for m in r.mm_inputs):
                 reached.add("encoder_cut")
+            if r.pooling and start > 0 and start + n == len(r.prompt) \
+                    and rec["status"].get(rid) == "FINISHED_STOPPED":
+                reached.add("pooled_after_chunks")
         rows = [rid for rid, _ in rec.get("bitmask_rows", ())]
         if any(rows.count(rid) > 1 for rid in rows):
             reached.add("grammar_draft_rows")
         for rid in rec["preempted"]:
             preempted_at.setdefault(rid, step)
         final.update(rec["status"])
+    if trace.verdict == "engine_failure" and "LoRA adapters scheduled" in trace.failure["message"]:
+        reached.add("lora_overfill")
     for r in stream.requests:
         if r.abort_step is not None:
             before, at = records.get(r.abort_step - 1), records.get(r.abort_step)

@@ -487,8 +487,8 @@ def test_every_error_is_reported_at_once():
         'config.policy: must be "fcfs" or "priority"',
         "requests[0] (a).prompt: token ids must be >= 0",
         "requests[1] (b).extra: unknown field (allowed: abort_step, arrival_step, cache_salt, "
-        "drafts, eos_token_id, id, ignore_eos, lora, max_tokens, mm_inputs, output, prio"
-        "rity, prompt, prompt_logprobs, stop_token_ids, structured_output)",
+        "drafts, eos_token_id, id, ignore_eos, lora, max_tokens, mm_inputs, output, pool"
+        "ing, priority, prompt, prompt_logprobs, stop_token_ids, structured_output)",
         "requests[1] (b).output: must be a list of integers",
         "requests[2] (c).output: required field is missing",
         "requests[2] (c).prompt: required field is missing",
@@ -668,3 +668,38 @@ def test_pool_of_every_group_type():
     parse_stream(groups(FULL, SW, CL, MAMBA, enable_prefix_caching=False, num_gpu_blocks=22))
     rejects(groups(FULL, SW, CL, MAMBA, enable_prefix_caching=False, num_gpu_blocks=21),
             r"^config\.num_gpu_blocks: must be >= 22,")
+
+
+# ---------------------------------------------------------------------------
+# Pooling requests
+# ---------------------------------------------------------------------------
+
+
+def test_pooling_requests_valid():
+    data = stream(requests=[req(output=[], pooling=True), req("b", output=[], pooling=True)])
+    assert [r.pooling for r in parse_stream(data).requests] == [True, True]
+
+
+def test_pooling_request_with_output():
+    rejects(stream(requests=[req(output=[4], pooling=True)]),
+            r"^requests\[0\] \(a\)\.output: must be empty for a pooling request")
+
+
+@pytest.mark.parametrize("field,value", [("max_tokens", 2), ("eos_token_id", 3),
+                                         ("stop_token_ids", [3]), ("ignore_eos", True),
+                                         ("prompt_logprobs", 1),
+                                         ("structured_output", {"ready_step": 0})])
+def test_pooling_request_with_a_sampling_parameter(field, value):
+    rejects(stream(requests=[req(output=[], pooling=True, **{field: value})]),
+            rf"^requests\[0\] \(a\)\.{field}: a pooling request has no sampling parameters$")
+
+
+def test_pooling_and_generating_requests_do_not_mix():
+    rejects(stream(requests=[req(output=[], pooling=True), req("b")]),
+            r"^requests\[1\] \(b\)\.pooling: every request of a stream must pool or none")
+
+
+def test_pooling_without_drafts():
+    rejects(stream(config={"num_speculative_tokens": 1},
+                   requests=[req(output=[], pooling=True)]),
+            r"^config\.num_speculative_tokens: must be 0 for pooling requests")

@@ -31,6 +31,11 @@ which the bundled text-only configs do not have.  The scheduler config's two
 sizes are set from the stream where it names them (``encoder_compute_budget``,
 ``encoder_cache_size``; vLLM itself always sets ``max_num_batched_tokens``).
 
+Pooling requests: real ``PoolingParams`` (task ``embed``) and no sampling
+parameters; the stand-in model runner returns no sampled tokens and a pooled
+output (:data:`POOLED`) for each request whose prefill it completed, as vLLM's
+pooling runner does.
+
 Structured output: vLLM compiles a grammar with a backend (xgrammar) that needs
 the tokenizer, which is not available offline.  The request, its
 ``StructuredOutputRequest`` and vLLM's ``StructuredOutputManager`` are real; the
@@ -54,6 +59,7 @@ from vllm.config import (CacheConfig, DeviceConfig, LoRAConfig, ModelConfig,  # 
                          SchedulerConfig, VllmConfig)
 from vllm.lora.request import LoRARequest  # noqa: E402
 from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange  # noqa: E402
+from vllm.pooling_params import PoolingParams  # noqa: E402
 from vllm.sampling_params import SamplingParams, StructuredOutputsParams  # noqa: E402
 from vllm.v1.core.kv_cache_utils import (get_request_block_hasher,  # noqa: E402
                                          init_none_hash)
@@ -79,6 +85,8 @@ vllm_env.quiet_vllm_logs()
 VLLM_VERSION = vllm.__version__
 
 _MODEL_CONFIGS: dict[str, ModelConfig] = {}
+#: A pooled output (an embedding); the scheduler only asks whether there is one.
+POOLED = torch.zeros(1)
 
 
 class SpeculativeStandIn:
@@ -292,6 +300,7 @@ class VllmEngine:
         c = stream.config
         self.config = c
         self.sched = build_scheduler(c, largest_mm_item(stream))
+        self.pooling = any(r.pooling for r in stream.requests)
         self.hasher = None
         if c.enable_prefix_caching:
             hash_fn = compat.hash_fn(self.sched.cache_config.prefix_caching_hash_algo)
@@ -351,16 +360,17 @@ class VllmEngine:
 
     def add(self, spec: RequestSpec, arrival_index: int) -> None:
         so = spec.structured_output
-        params = SamplingParams(
+        params = None if spec.pooling else SamplingParams(
             max_tokens=spec.effective_max_tokens, ignore_eos=spec.ignore_eos,
             stop_token_ids=list(spec.stop_token_ids), prompt_logprobs=spec.prompt_logprobs,
             structured_outputs=None if so is None else StructuredOutputsParams(json_object=True))
+        pooling = PoolingParams(task="embed") if spec.pooling else None
         lora = None if spec.lora is None else LoRARequest(
             lora_name=spec.lora, lora_int_id=self.lora_ids[spec.lora],
             lora_path=f"/nonexistent/lora/{spec.lora}")
         req = Request(
             request_id=spec.id, prompt_token_ids=list(spec.prompt), sampling_params=params,
-            pooling_params=None, **compat.request_eos_kwargs(params, spec.eos_token_id),
+            pooling_params=pooling, **compat.request_eos_kwargs(params, spec.eos_token_id),
             arrival_time=float(arrival_index), cache_salt=spec.cache_salt,
             priority=spec.priority, lora_request=lora, block_hasher=self.hasher,
             mm_features=[MultiModalFeatureSpec(
@@ -415,10 +425,15 @@ class VllmEngine:
 
     def update(self, scheduled: Scheduled, sampled: dict[str, list[int]]) -> None:
         ids = [rid for rid, _ in scheduled.scheduled]
+        if self.pooling:  # a pooling runner samples nothing and pools finished prefills
+            tokens, pooled = [], [POOLED if rid in sampled else None for rid in ids]
+        else:
+            tokens = compat.sampled_token_ids([list(sampled.get(rid, [])) for rid in ids])
+            pooled = []
         output = ModelRunnerOutput(
             req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)},
-            sampled_token_ids=compat.sampled_token_ids([list(sampled.get(rid, [])) for rid in ids]),
-            logprobs=None, prompt_logprobs_dict={}, pooler_output=[])
+            sampled_token_ids=tokens, logprobs=None, prompt_logprobs_dict={},
+            pooler_output=pooled)
         self.sched.update_from_output(self._last_output, output)
 
     def set_drafts(self, drafts: dict[str, list[int]]) -> None:

@@ -139,6 +139,8 @@ def request_eos_kwargs(params, eos_token_id: int | None) -> dict[str, Any]:
     from vllm.v1.request import Request
     if "eos_token_id" in _params(Request.__init__):
         return {"eos_token_id": eos_token_id}
+    if params is None:  # a pooling request
+        return {}
     _note("EOS in SamplingParams")
     params.update_from_generation_config({}, eos_token_id=eos_token_id)
     return {}

@@ -152,7 +152,7 @@ def lora_and_caching(c) -> bool:
 
 
 def encoder(c) -> bool:
-    return c.encoder_compute_budget is not None
+    return c.has_encoder
 
 
 def encoder_and_caching(c) -> bool:
@@ -711,6 +711,20 @@ def _slots_start_empty(self, max_loras, scheduled_running):
     _adapter_slots_init(self, max_loras, ())
 
 
+@mutant("pooled_request_runs_on", "a pooling request finishes once the model hands back its "
+        "pooled output", SCHEDULER, replaces=(rsched, "check_pooled"), applies=None)
+def _never_pooled(request):
+    return False
+
+
+@mutant("lora_overfill_not_asserted", "a step whose running requests hold more adapters than "
+        "max_loras fails vLLM's assertion", SCHEDULER,
+        replaces=(rlora.AdapterSlots, "check_not_overfilled"),
+        quirk="LORA_SLOTS_OVERFILLED_AFTER_A_SKIP", applies=lora)
+def _overfill_allowed(self):
+    return None
+
+
 @mutant("lora_same_adapter_turned_away", "a request whose adapter is already in the step joins it",
         SCHEDULER, replaces=(rlora.AdapterSlots, "turns_away"), applies=lora)
 def _full_slots_turn_everyone_away(self, request):
@@ -793,6 +807,16 @@ _try_encode = rencin.try_schedule_encoder_inputs
 def _unbounded_encoder(request, num_computed, num_new, budget, cache, **kw):
     encode, num_new, _ = _try_encode(request, num_computed, num_new, 1 << 30, cache, **kw)
     return encode, num_new, budget
+
+
+@mutant("encoder_budget_not_raised_to_largest_item", "the encoder budget and cache are raised "
+        "to the model's largest item", "vllm/v1/core/encoder_cache_manager.py",
+        replaces=(rsched, "encoder_budgets"), applies=encoder)
+def _configured_sizes(max_tokens_by_modality, *, max_num_encoder_input_tokens,
+                      encoder_cache_size, **kw):
+    if not max_tokens_by_modality:
+        return 0, 0
+    return max_num_encoder_input_tokens, encoder_cache_size
 
 
 @mutant("encoder_outputs_not_shared", "an item whose content is in the encoder cache is not "
