@@ -44,8 +44,9 @@ LORA_SLOTS_OVERFILLED_AFTER_A_SKIP
     holds no slot that step and a waiting request under another adapter can be
     admitted into it.  When the skipped request runs again, the step's running
     requests hold more than ``max_loras`` adapters and vLLM's step fails its
-    assertion: the engine raises ``AssertionError`` (every release from 0.11.0
-    to 0.33.0 keeps the check).  The reference raises at the same step.
+    assertion: the engine raises ``AssertionError`` (seen on 0.11.0 to 0.13.0
+    and 0.18.1; the check is still in 0.33.0).  The reference raises at the
+    same step.
     Bundled stream: lora_slots_overfilled_after_a_skip.
     Code: lora.AdapterSlots.check_not_overfilled.
 

@@ -59,6 +59,8 @@ class Request:
     block_hashes: list[BlockHash] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        if self.pooling:
+            self.max_tokens = 1  # whatever was asked: a pooling request has no sampling
         self.all_token_ids = list(self.prompt_token_ids)
         if self.grammar is not None:
             self.status = RequestStatus.WAITING_FOR_FSM

@@ -200,6 +200,8 @@ def rules_reached(data: dict[str, Any]) -> set[str]:
             if before and at and r.id in before["status"] \
                     and at["status"].get(r.id) == "FINISHED_ABORTED":
                 reached.add(f"abort_{before['status'][r.id].lower()}")
+        if r.pooling:
+            continue  # no output, no stop rule
         stop = r.output[r.stop_index(config.max_model_len)]
         if final.get(r.id) == "FINISHED_STOPPED":
             if not r.ignore_eos and stop == r.eos_token_id and stop not in r.stop_token_ids:
