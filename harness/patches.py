@@ -47,9 +47,10 @@ class Mutant:
     # What can tell it from the original: "streams" (traces) or "kv sizing"
     # (harness.kv_sizing_check, over the bundled model configs).
     checked_by: str = "streams"
-    # A stream config on which the mutant cannot change the trace (no drafts for a
-    # draft rule, ...) makes this False; the rule report (harness.reach) then skips
-    # the run.  None: it may change any stream.  tests/test_reach.py checks the claim.
+    # A stream on which the mutant cannot change the trace (no drafts for a draft
+    # rule, no grammar for a grammar rule, ...) makes this False; the rule report
+    # (harness.reach) and the mutant hunt then skip the run.  None: it may change any
+    # stream.  tests/test_reach.py checks the claim.
     applies: Callable[[Any], bool] | None = None
 
     @property

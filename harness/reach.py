@@ -87,7 +87,7 @@ def rules_reached(stream: Stream, rules: Iterable[Rule]) -> list[str]:
     for rule in rules:
         if rule.mutant.checked_by != "streams":
             continue
-        if rule.mutant.applies is not None and not rule.mutant.applies(stream.config):
+        if rule.mutant.applies is not None and not rule.mutant.applies(stream):
             continue  # it cannot change this stream (tests/test_reach.py checks the claim)
         engine = get_engine("reference", release=rule.release)
         if rule.release not in originals:

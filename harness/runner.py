@@ -59,6 +59,7 @@ def run(engine: Engine, stream: Stream, limits: Limits | None = None) -> Trace:
     try:
         engine.start(stream)
         _loop(engine, stream, trace, limits or Limits())
+        engine.shutdown()
     except LimitExceeded as exc:
         trace.fail(len(trace.steps), str(exc))
     except Exception as exc:  # an assertion or error inside the engine
@@ -119,6 +120,7 @@ def _loop(engine: Engine, stream: Stream, trace: Trace, limits: Limits) -> None:
         scheduled = engine.schedule()
         emitted = model.sample(scheduled, by_id)
         engine.update(scheduled, emitted)
+        stats = engine.stats() if "stats" in optional else None
         if stream.speculative:
             # Like vLLM's model runner, the proposer answers for every request in
             # the batch: one that emitted gets its next scripted draft list, one
@@ -139,7 +141,8 @@ def _loop(engine: Engine, stream: Stream, trace: Trace, limits: Limits) -> None:
             if st.status.startswith("FINISHED"):
                 reported_finished.add(req_id)
         trace.steps.append(step_record(step, scheduled, emitted, states,
-                                       engine.num_free_blocks(), reset, optional))
+                                       engine.num_free_blocks(), reset, optional,
+                                       stats))
         step += 1
 
 

@@ -451,7 +451,8 @@ def streams(draw, config: dict[str, Any] | SearchStrategy | None = None,
             priority_values: SearchStrategy[int] = st.integers(0, 2),
             cut_earlier: bool = False,
             adapters: tuple[str, ...] = ("sql", "chat", "code", "math"),
-            grammars: bool = False) -> dict[str, Any]:
+            grammars: bool = False,
+            stats: bool = True) -> dict[str, Any]:
     """A valid stream dict: ``{"config": ..., "requests": [...]}``.
 
     ``config`` is a config dict, a strategy of config dicts, or None for
@@ -483,7 +484,8 @@ def streams(draw, config: dict[str, Any] | SearchStrategy | None = None,
       name one of these LoRA adapters;
     * ``grammars`` -- half of the requests use structured output: a grammar
       ready at arrival or 1-4 steps later, rejecting 1-3 tokens its output
-      never holds, which some of its drafts do.
+      never holds, which some of its drafts do;
+    * ``stats`` -- half of the streams keep scheduler stats (``log_stats``).
 
     Shrinks towards: the shrunk config, ``min_requests`` requests arriving at
     step 0, fresh short prompts, the first stop mode in ``stop_modes``, and
@@ -542,6 +544,8 @@ def streams(draw, config: dict[str, Any] | SearchStrategy | None = None,
     if resets and _one_in(draw, 4):
         data["reset_prefix_cache_steps"] = sorted(set(
             draw(st.lists(st.integers(0, max_arrival_step + 20), min_size=1, max_size=3))))
+    if stats and draw(st.booleans()):
+        data["config"] = {**config, "log_stats": True}
     return data
 
 

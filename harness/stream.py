@@ -87,6 +87,9 @@ class Config:
     encoder_cache_size: int | None = None
     max_tokens_per_mm_item: int | None = None
     disable_chunked_mm_input: bool = False
+    # Whether the scheduler keeps stats (vLLM's log_stats, on in a server unless
+    # --disable-log-stats): the trace then carries each step's SchedulerStats.
+    log_stats: bool = False
     model: str = "qwen2.5-0.5b"
     max_steps: int = 1000
 
@@ -116,7 +119,8 @@ class Config:
 #: streams were first recorded, so older streams keep their bytes).
 OPTIONAL_CONFIG_FIELDS = {"kv_cache_groups": None, "max_loras": None,
                           "encoder_compute_budget": None, "encoder_cache_size": None,
-                          "max_tokens_per_mm_item": None, "disable_chunked_mm_input": False}
+                          "max_tokens_per_mm_item": None, "disable_chunked_mm_input": False,
+                          "log_stats": False}
 OPTIONAL_REQUEST_FIELDS = {"lora": None, "structured_output": None, "mm_inputs": (),
                            "pooling": False}
 

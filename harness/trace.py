@@ -22,20 +22,21 @@ STEP_FIELDS = (
     "scheduled", "computed_before", "new_block_ids", "preempted", "finished", "prefix_hit_tokens",
     "spec_tokens", "emitted", "num_computed_tokens", "status", "free_blocks",
     "evicted", "slots", "prefix_cache_reset", "set_aside", "grammar_index", "bitmask_rows",
-    "encoder_inputs", "encoder_frees",
+    "encoder_inputs", "encoder_frees", "stats",
 )
 
 
 #: Step fields that only streams using a feature carry (see optional_fields).
 OPTIONAL_STEP_FIELDS = frozenset({"set_aside", "grammar_index", "bitmask_rows",
-                                  "encoder_inputs", "encoder_frees"})
+                                  "encoder_inputs", "encoder_frees", "stats"})
 
 
 def optional_fields(stream: Stream) -> frozenset[str]:
     """The step fields only streams using a feature carry (so that the traces of streams
     written before the feature keep their bytes): ``set_aside`` with LoRA adapters or
     structured output, ``grammar_index`` and ``bitmask_rows`` with structured output,
-    ``encoder_inputs`` and ``encoder_frees`` with multimodal inputs."""
+    ``encoder_inputs`` and ``encoder_frees`` with multimodal inputs, ``stats`` with
+    ``log_stats``."""
     fields = set()
     if any(r.lora is not None or r.structured_output is not None for r in stream.requests):
         fields.add("set_aside")
@@ -43,6 +44,8 @@ def optional_fields(stream: Stream) -> frozenset[str]:
         fields |= {"grammar_index", "bitmask_rows"}
     if any(r.mm_inputs for r in stream.requests):
         fields |= {"encoder_inputs", "encoder_frees"}
+    if stream.config.log_stats:
+        fields.add("stats")
     return frozenset(fields)
 
 
@@ -80,8 +83,10 @@ class Trace:
 def step_record(step: int, s: Scheduled, emitted: dict[str, list[int]],
                 states: dict[str, RequestState], free_blocks: int,
                 prefix_cache_reset: bool | None,
-                optional: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """One step of a trace, as plain JSON-able data (``optional``: see optional_fields)."""
+                optional: frozenset[str] = frozenset(),
+                stats: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One step of a trace, as plain JSON-able data (``optional``: see optional_fields;
+    ``stats``: the step's scheduler stats, see harness.engines.base.Engine.stats)."""
     record = {
         "step": step,
         "scheduled": [[rid, n] for rid, n in s.scheduled],
@@ -102,7 +107,7 @@ def step_record(step: int, s: Scheduled, emitted: dict[str, list[int]],
     extra = {"set_aside": list(s.set_aside), "grammar_index": dict(s.grammar_index),
              "bitmask_rows": [list(r) for r in s.bitmask_rows],
              "encoder_inputs": {rid: list(ids) for rid, ids in s.encoder_inputs.items()},
-             "encoder_frees": list(s.encoder_frees)}
+             "encoder_frees": list(s.encoder_frees), "stats": stats}
     record.update((k, v) for k, v in extra.items() if k in optional)
     return record
 

@@ -15,11 +15,13 @@ cache, sized from the model's largest item (``encoder_inputs``,
 ``encoder_cache``); speculative decoding (ngram without lookahead, eagle with
 lookahead and the dropped last hit); stops by ``max_tokens``,
 ``max_model_len``, EOS and stop tokens; pooling requests, finished by their
-pooled output; aborts; ``reset_prefix_cache``; the worker's slot mapping.
+pooled output; aborts; ``reset_prefix_cache``; the worker's slot mapping; the
+scheduler stats reported after every step (``stats``).
 
 What it leaves out, because the harness never turns it on: encoder-decoder
 models (``encoder_inputs`` has the two branches, unused), KV connectors (P/D
 disaggregation, offloading), token-level pooling tasks, async
 scheduling and output placeholders, pipeline and decode-context parallelism,
-cascade attention's common prefix counts, KV cache events, and statistics.
+cascade attention's common prefix counts, KV cache events, and the per-request
+timestamps of vLLM's stats (wall-clock).
 """

@@ -18,6 +18,7 @@ from reference.group_managers import HasRule, only_0_11_0
 from reference.kv_cache_coordinator import KVCacheCoordinator, PerGroup
 from reference.kv_cache_spec import KVCacheSpec, full
 from reference.request import Request
+from reference.stats import PrefixCacheStats, kv_cache_usage
 
 
 class KVCacheManager:
@@ -36,6 +37,7 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks, enable_caching, emit)
         self.coordinator = KVCacheCoordinator(self.groups, self.pool, enable_caching, use_eagle,
                                               has)
+        self.prefix_cache_stats = PrefixCacheStats()
 
     # -- prefix lookup -----------------------------------------------------------
 
@@ -46,6 +48,7 @@ class KVCacheManager:
         else:
             hits, num_hit = self.coordinator.lookup(request.block_hashes,
                                                     self.max_hit_tokens(request))
+            self.prefix_cache_stats.observe(request.num_tokens, num_hit)
         self.emit(events.PrefixLookup(request.request_id, num_hit))
         return hits, num_hit
 
@@ -100,7 +103,20 @@ class KVCacheManager:
         return block_ids(self.coordinator.tables(request_id))
 
     def reset_prefix_cache(self) -> bool:
-        return self.pool.reset_prefix_cache()
+        done = self.pool.reset_prefix_cache()
+        if done:
+            self.prefix_cache_stats.reset = True
+        return done
+
+    # -- stats ---------------------------------------------------------------------
+
+    def take_prefix_cache_stats(self) -> PrefixCacheStats:
+        """The lookups since the last report; counting starts again from zero."""
+        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
+        return stats
+
+    def usage(self) -> float:
+        return kv_cache_usage(self.pool.num_blocks, self.pool.num_free_blocks())
 
 
 def block_ids(blocks: PerGroup) -> list[list[int]]:

@@ -34,6 +34,7 @@ from reference.lora import AdapterSlots
 from reference.output import CachedRequestData, NewRequestData, SchedulerOutput
 from reference.request import Request, RequestStatus, check_pooled, check_stop
 from reference.request_queue import RequestQueue, make_queue
+from reference.stats import SchedulerStats, SpecDecodingStats
 from reference.structured_output import grammar_batch
 
 
@@ -414,13 +415,16 @@ class Scheduler:
 
     # -- after the model ran -----------------------------------------------------------
 
-    def update_from_output(self, output: SchedulerOutput, sampled: dict[str, list[int]]) -> None:
-        """Take the sampled tokens: undo rejected drafts, append outputs, stop requests.
+    def update_from_output(self, output: SchedulerOutput,
+                           sampled: dict[str, list[int]]) -> SchedulerStats:
+        """Take the sampled tokens: undo rejected drafts, append outputs, stop requests;
+        then report the step's stats.
 
         ``sampled`` holds the requests the model answered for: the tokens sampled, or
         for a pooling request its pooled output (no token).  A partial prefill is absent.
         """
         stopped_running, stopped_waiting = [], []
+        spec_decoding = None
         for req_id in output.num_scheduled_tokens:
             request = self.requests.get(req_id)
             if request is None:
@@ -429,6 +433,9 @@ class Scheduler:
             drafts = output.scheduled_spec_decode_tokens.get(req_id)
             if drafts:
                 self._take_back_rejected(request, drafts, tokens)
+                spec_decoding = spec_decoding or SpecDecodingStats.new(
+                    self.config.num_speculative_tokens)
+                spec_decoding.observe_draft(len(drafts), num_accepted(tokens))
             status_before = request.status
             kept, stopped = self._append_outputs(request, tokens)
             if request.pooling and req_id in sampled:
@@ -444,6 +451,13 @@ class Scheduler:
             self.running = [r for r in self.running if r not in gone]
         if stopped_waiting:
             self.waiting.remove_all(stopped_waiting)
+        return self.make_stats(spec_decoding)
+
+    def make_stats(self, spec_decoding: SpecDecodingStats | None) -> SchedulerStats:
+        """The report that ends every update: the queues' lengths after it, the pool's
+        usage, the prefix-cache lookups since the last report and this step's drafts."""
+        return SchedulerStats(len(self.running), len(self.waiting), self.kv.usage(),
+                              self.kv.take_prefix_cache_stats(), spec_decoding)
 
     def _take_back_rejected(self, request: Request, drafts: list[int], tokens: list[int]) -> None:
         """Rejected drafts leave num_computed_tokens -- also for a request preempted in
@@ -455,7 +469,7 @@ class Scheduler:
 
         Their KV was written and counted as computed; it is taken back.
         """
-        return len(drafts) - (len(tokens) - 1)
+        return len(drafts) - num_accepted(tokens)
 
     def _append_outputs(self, request: Request, tokens: list[int]) -> tuple[list[int], bool]:
         """Append tokens one by one; a stop drops the tokens after it.  Returns the
@@ -475,6 +489,11 @@ class Scheduler:
             if tokens and request.grammar is not None:
                 tokens = request.grammar.validate(list(tokens))
             request.spec_token_ids = list(tokens)
+
+
+def num_accepted(tokens: list[int]) -> int:
+    """Drafts the model accepted: all the tokens it returned but its own last one."""
+    return len(tokens) - 1
 
 
 def none_if_empty(block_ids: list[list[int]]) -> list[list[int]] | None:

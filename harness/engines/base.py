@@ -88,6 +88,10 @@ class Engine(Protocol):
     def update(self, scheduled: Scheduled, sampled: dict[str, list[int]]) -> None:
         """Feed the scripted model's tokens back (vLLM's update_from_output)."""
 
+    def stats(self) -> dict | None:
+        """The scheduler stats the last update reported (with log_stats), as
+        :func:`stats_record` writes them; None without log_stats."""
+
     def set_drafts(self, drafts: dict[str, list[int]]) -> None:
         """vLLM's update_draft_token_ids."""
 
@@ -97,6 +101,9 @@ class Engine(Protocol):
     def state(self, req_id: str) -> RequestState: ...
 
     def num_free_blocks(self) -> int: ...
+
+    def shutdown(self) -> None:
+        """The stream is done (vLLM's Scheduler.shutdown, as EngineCore calls it)."""
 
 
 # -- the one translation into Scheduled ------------------------------------------------
@@ -214,3 +221,23 @@ def slot_ranges(slots: list[int]) -> list[list[int]]:
         else:
             ranges.append([slot, slot + 1])
     return ranges
+
+
+def stats_record(num_running: int, num_waiting: int, kv_cache_usage: float,
+                 prefix_cache: tuple[bool, int, int, int],
+                 spec_decoding: tuple[int, int, int, int, list[int]] | None) -> dict:
+    """One step's scheduler stats (vLLM's SchedulerStats) as a trace writes them.
+
+    ``prefix_cache`` is (reset, requests, queries, hits) since the last report;
+    ``spec_decoding`` is (num_spec_tokens, drafts, draft tokens, accepted tokens,
+    accepted per draft position), None when no drafts were checked this step.
+    """
+    out = {"num_running_reqs": num_running, "num_waiting_reqs": num_waiting,
+           "kv_cache_usage": kv_cache_usage,
+           "prefix_cache": dict(zip(("reset", "requests", "queries", "hits"), prefix_cache)),
+           "spec_decoding": None}
+    if spec_decoding is not None:
+        out["spec_decoding"] = dict(zip(("num_spec_tokens", "num_drafts", "num_draft_tokens",
+                                         "num_accepted_tokens", "num_accepted_tokens_per_pos"),
+                                        spec_decoding))
+    return out

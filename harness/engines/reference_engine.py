@@ -15,7 +15,7 @@ from reference.slot_mapping import WorkerBlockTable
 from reference.structured_output import Grammar
 
 from harness.engines.base import (NEW, RESUMED, RUNNING, Handed, Observed, RequestState,
-                                  Scheduled, to_scheduled)
+                                  Scheduled, stats_record, to_scheduled)
 from harness.stream import RequestSpec, Stream, largest_mm_item, lora_ids
 from reference.arith import cdiv
 
@@ -147,7 +147,16 @@ class ReferenceEngine:
             out.scheduled_encoder_inputs, out.free_encoder_mm_hashes)
 
     def update(self, scheduled: Scheduled, sampled: dict[str, list[int]]) -> None:
-        self.sched.update_from_output(self._last_output, sampled)
+        self._stats = self.sched.update_from_output(self._last_output, sampled)
+
+    def stats(self) -> dict | None:
+        s = self._stats
+        p, d = s.prefix_cache, s.spec_decoding
+        return stats_record(
+            s.num_running_reqs, s.num_waiting_reqs, s.kv_cache_usage,
+            (p.reset, p.requests, p.queries, p.hits),
+            None if d is None else (d.num_spec_tokens, d.num_drafts, d.num_draft_tokens,
+                                    d.num_accepted_tokens, list(d.num_accepted_tokens_per_pos)))
 
     def set_drafts(self, drafts: dict[str, list[int]]) -> None:
         self.sched.update_draft_token_ids(drafts)
@@ -159,6 +168,9 @@ class ReferenceEngine:
         r = self.requests[req_id]
         return RequestState(status=r.status.name, num_computed_tokens=r.num_computed_tokens,
                             num_output_tokens=r.num_output_tokens)
+
+    def shutdown(self) -> None:
+        """The reference holds nothing to let go of."""
 
     def num_free_blocks(self) -> int:
         return self.sched.kv.pool.num_free_blocks()

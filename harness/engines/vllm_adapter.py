@@ -75,7 +75,7 @@ from vllm.v1.worker.block_table import BlockTable  # noqa: E402
 
 from harness.engines import vllm_compat as compat  # noqa: E402
 from harness.engines.base import (NEW, RESUMED, RUNNING, Handed, Observed,  # noqa: E402
-                                  RequestState, Scheduled, to_scheduled)
+                                  RequestState, Scheduled, stats_record, to_scheduled)
 from harness.paths import MODELS_DIR  # noqa: E402
 from harness.stream import Config, RequestSpec, Stream, largest_mm_item, lora_ids  # noqa: E402
 from reference.arith import cdiv  # noqa: E402
@@ -249,7 +249,7 @@ def build_scheduler(c: Config, largest_mm_item: int = 0) -> Scheduler:
         if c.encoder_cache_size is not None:
             sc.encoder_cache_size = c.encoder_cache_size
     return Scheduler(vllm_config=vc, kv_cache_config=kv_cache_config(c, vc),
-                     structured_output_manager=StructuredOutputManager(vc), log_stats=False,
+                     structured_output_manager=StructuredOutputManager(vc), log_stats=c.log_stats,
                      **encoder, **compat.scheduler_kwargs(vc))
 
 
@@ -301,6 +301,7 @@ class VllmEngine:
         self.config = c
         self.sched = build_scheduler(c, largest_mm_item(stream))
         self.pooling = any(r.pooling for r in stream.requests)
+        self._stats = None
         self.hasher = None
         if c.enable_prefix_caching:
             hash_fn = compat.hash_fn(self.sched.cache_config.prefix_caching_hash_algo)
@@ -434,7 +435,20 @@ class VllmEngine:
             req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)},
             sampled_token_ids=tokens, logprobs=None, prompt_logprobs_dict={},
             pooler_output=pooled)
-        self.sched.update_from_output(self._last_output, output)
+        outputs = self.sched.update_from_output(self._last_output, output)
+        self._stats = next((o.scheduler_stats for o in outputs.values()
+                            if o.scheduler_stats is not None), None)
+
+    def stats(self) -> dict | None:
+        s = self._stats
+        if s is None:
+            return None
+        p, d = s.prefix_cache_stats, s.spec_decoding_stats
+        return stats_record(
+            s.num_running_reqs, s.num_waiting_reqs, s.kv_cache_usage,
+            (p.reset, p.requests, p.queries, p.hits),
+            None if d is None else (d.num_spec_tokens, d.num_drafts, d.num_draft_tokens,
+                                    d.num_accepted_tokens, list(d.num_accepted_tokens_per_pos)))
 
     def set_drafts(self, drafts: dict[str, list[int]]) -> None:
         ids = list(drafts)
@@ -445,6 +459,9 @@ class VllmEngine:
         r = self.requests[req_id]
         return RequestState(status=r.status.name, num_computed_tokens=r.num_computed_tokens,
                             num_output_tokens=r.num_output_tokens)
+
+    def shutdown(self) -> None:
+        self.sched.shutdown()
 
     def num_free_blocks(self) -> int:
         return self.sched.kv_cache_manager.block_pool.get_num_free_blocks()

@@ -172,7 +172,7 @@ def _kills_in_set(set_name: str, profile: str, names: list[str]) -> dict[str, An
                 if first_divergence(patched, mine) is not None:
                     kills[m.name].append(i)
                 continue
-            if m.applies is not None and not m.applies(stream.config):
+            if m.applies is not None and not m.applies(stream):
                 continue
             with m.patch():
                 mutated = run(ref, stream).to_json()

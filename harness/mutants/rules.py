@@ -32,6 +32,7 @@ from reference import request_queue as rq
 from reference import scheduler as rsched
 from reference import releases
 from reference import slot_mapping as rslots
+from reference import stats as rstats
 from reference import structured_output as rso
 from reference.request import RequestStatus
 
@@ -57,111 +58,134 @@ def register(name: str, rule: str, mirrors: str, replaces: tuple[object, str], n
     MUTANTS.append(Mutant(name, rule, mirrors, replace(*replaces, new), applies=applies))
 
 
-# Stream configs a rule can matter on (Mutant.applies); c is a harness.stream.Config.
+# Streams a rule can matter on (Mutant.applies); s is a harness.stream.Stream.
 
-def drafts(c) -> bool:
-    return c.num_speculative_tokens > 0
-
-
-def eagle(c) -> bool:
-    return drafts(c) and c.speculative_method == "eagle"
+def drafts(s) -> bool:
+    return s.config.num_speculative_tokens > 0
 
 
-def caching(c) -> bool:
-    return c.enable_prefix_caching
+def eagle(s) -> bool:
+    return drafts(s) and s.config.speculative_method == "eagle"
 
 
-def priority(c) -> bool:
-    return c.policy == "priority"
+def caching(s) -> bool:
+    return s.config.enable_prefix_caching
 
 
-def fcfs(c) -> bool:
-    return c.policy == "fcfs"
+def priority(s) -> bool:
+    return s.config.policy == "priority"
 
 
-def chunked_off(c) -> bool:
-    return not c.enable_chunked_prefill
+def fcfs(s) -> bool:
+    return s.config.policy == "fcfs"
 
 
-def threshold(c) -> bool:
-    return c.long_prefill_token_threshold > 0
+def chunked_off(s) -> bool:
+    return not s.config.enable_chunked_prefill
 
 
-def eagle_and_caching(c) -> bool:
-    return eagle(c) and caching(c)
+def threshold(s) -> bool:
+    return s.config.long_prefill_token_threshold > 0
 
 
-def drafts_and_caching(c) -> bool:
-    return drafts(c) and caching(c)
+def eagle_and_caching(s) -> bool:
+    return eagle(s) and caching(s)
 
 
-def fcfs_chunked_off(c) -> bool:
-    return fcfs(c) and chunked_off(c)
+def drafts_and_caching(s) -> bool:
+    return drafts(s) and caching(s)
 
 
-def chunked_off_threshold(c) -> bool:
-    return chunked_off(c) and threshold(c)
+def fcfs_chunked_off(s) -> bool:
+    return fcfs(s) and chunked_off(s)
 
 
-def priority_drafts(c) -> bool:
-    return priority(c) and drafts(c)
+def chunked_off_threshold(s) -> bool:
+    return chunked_off(s) and threshold(s)
 
 
-def _has_group(c, kind: str) -> bool:
-    return any(g.type == kind for g in c.groups)
+def priority_drafts(s) -> bool:
+    return priority(s) and drafts(s)
 
 
-def sliding(c) -> bool:
-    return _has_group(c, "sliding_window")
+def _has_group(s, kind: str) -> bool:
+    return any(g.type == kind for g in s.config.groups)
 
 
-def chunked_local(c) -> bool:
-    return _has_group(c, "chunked_local")
+def sliding(s) -> bool:
+    return _has_group(s, "sliding_window")
 
 
-def mamba_drafts(c) -> bool:
-    return _has_group(c, "mamba") and drafts(c)
+def chunked_local(s) -> bool:
+    return _has_group(s, "chunked_local")
 
 
-def several_groups(c) -> bool:
-    return len(c.groups) > 1
+def mamba_drafts(s) -> bool:
+    return _has_group(s, "mamba") and drafts(s)
 
 
-def hybrid_caching(c) -> bool:
-    return caching(c) and several_groups(c)
+def several_groups(s) -> bool:
+    return len(s.config.groups) > 1
 
 
-def sliding_caching(c) -> bool:
-    return sliding(c) and caching(c)
+def hybrid_caching(s) -> bool:
+    return caching(s) and several_groups(s)
 
 
-def sliding_drafts_caching(c) -> bool:
-    return sliding_caching(c) and drafts(c)
+def sliding_caching(s) -> bool:
+    return sliding(s) and caching(s)
 
 
-def chunked_local_caching(c) -> bool:
-    return chunked_local(c) and caching(c)
+def sliding_drafts_caching(s) -> bool:
+    return sliding_caching(s) and drafts(s)
 
 
-def lora(c) -> bool:
-    return c.max_loras is not None
+def chunked_local_caching(s) -> bool:
+    return chunked_local(s) and caching(s)
 
 
-def lora_and_caching(c) -> bool:
-    return lora(c) and caching(c)
+def lora(s) -> bool:
+    return s.config.max_loras is not None and any(r.lora is not None for r in s.requests)
 
 
-def encoder(c) -> bool:
-    return c.has_encoder
+def lora_and_caching(s) -> bool:
+    return lora(s) and caching(s)
 
 
-def encoder_and_caching(c) -> bool:
-    return encoder(c) and caching(c)
+def encoder(s) -> bool:
+    return s.config.has_encoder and any(r.mm_inputs for r in s.requests)
 
 
-def chunked_mm_off(c) -> bool:
-    return encoder(c) and c.disable_chunked_mm_input
+def encoder_and_caching(s) -> bool:
+    return encoder(s) and caching(s)
 
+
+def chunked_mm_off(s) -> bool:
+    return encoder(s) and s.config.disable_chunked_mm_input
+
+
+def stats(s) -> bool:
+    return s.config.log_stats
+
+
+def stats_caching(s) -> bool:
+    return stats(s) and caching(s)
+
+
+def stats_drafts(s) -> bool:
+    return stats(s) and drafts(s)
+
+
+def grammar(s) -> bool:
+    return any(r.structured_output is not None for r in s.requests)
+
+
+def grammar_drafts(s) -> bool:
+    return grammar(s) and drafts(s)
+
+
+def pooling(s) -> bool:
+    return any(r.pooling for r in s.requests)
 
 
 
@@ -712,7 +736,7 @@ def _slots_start_empty(self, max_loras, scheduled_running):
 
 
 @mutant("pooled_request_runs_on", "a pooling request finishes once the model hands back its "
-        "pooled output", SCHEDULER, replaces=(rsched, "check_pooled"), applies=None)
+        "pooled output", SCHEDULER, replaces=(rsched, "check_pooled"), applies=pooling)
 def _never_pooled(request):
     return False
 
@@ -733,7 +757,7 @@ def _full_slots_turn_everyone_away(self, request):
 
 
 @mutant("grammar_wait_ignored", "a request waits in WAITING_FOR_FSM until its grammar is ready",
-        SCHEDULER, replaces=(rsched.Scheduler, "waits_for_grammar"))
+        SCHEDULER, replaces=(rsched.Scheduler, "waits_for_grammar"), applies=grammar)
 def _grammar_never_awaited(self, request):
     if request.status == RequestStatus.WAITING_FOR_FSM:
         request.status = RequestStatus.WAITING
@@ -745,7 +769,7 @@ _schedule = rsched.Scheduler.schedule
 
 @mutant("grammar_status_at_readiness", "WAITING_FOR_FSM ends when the scheduler reaches the "
         "request with its grammar ready, not when the grammar compiles", SCHEDULER,
-        replaces=(rsched.Scheduler, "schedule"))
+        replaces=(rsched.Scheduler, "schedule"), applies=grammar)
 def _status_flips_on_compile(self):
     for request in self.requests.values():
         if request.status == RequestStatus.WAITING_FOR_FSM and request.grammar.ready:
@@ -754,25 +778,25 @@ def _status_flips_on_compile(self):
 
 
 @mutant("drafts_not_validated", "drafts are cut before the first token the grammar rejects",
-        SCHEDULER, replaces=(rso.Grammar, "validate"), applies=drafts)
+        SCHEDULER, replaces=(rso.Grammar, "validate"), applies=grammar_drafts)
 def _every_draft_valid(self, tokens):
     return list(tokens)
 
 
 @mutant("grammar_batch_running_first", "the worker's batch lists new, then running, then "
-        "resumed requests", SCHEDULER, replaces=(rsched.Scheduler, "worker_batch"))
+        "resumed requests", SCHEDULER, replaces=(rsched.Scheduler, "worker_batch"), applies=grammar)
 def _running_first(self, plan):
     return plan.running + plan.new + plan.resumed
 
 
 @mutant("bitmask_rows_not_rolled_back", "the grammar steps back after filling a request's rows",
-        STRUCTURED_OUTPUT, replaces=(rso.Grammar, "rollback"), applies=drafts)
+        STRUCTURED_OUTPUT, replaces=(rso.Grammar, "rollback"), applies=grammar_drafts)
 def _no_rollback(self, num_tokens):
     return None
 
 
 @mutant("grammar_not_advanced", "the tokens a constrained request emits advance its grammar",
-        SCHEDULER, replaces=(rso.Grammar, "accept"))
+        SCHEDULER, replaces=(rso.Grammar, "accept"), applies=grammar)
 def _outputs_not_accepted(self, tokens):
     return None
 
@@ -861,6 +885,72 @@ def _preempt_keeping_encoder(self, victim, plan):
     self.emit(rsched.events.Preempted(victim.request_id))
 
 
+# -- scheduler stats ----------------------------------------------------------------------
+
+_get_computed_blocks = rkv.KVCacheManager.get_computed_blocks
+
+
+@mutant("stats_count_skipped_lookups", "a request that skips the prefix cache (caching off, "
+        "prompt logprobs) makes no lookup to count", KV_CACHE_MANAGER,
+        replaces=(rkv.KVCacheManager, "get_computed_blocks"), applies=stats)
+def _every_request_counted(self, request):
+    hits, num_hit = _get_computed_blocks(self, request)
+    if self.skips_prefix_cache(request):
+        self.prefix_cache_stats.observe(request.num_tokens, num_hit)
+    return hits, num_hit
+
+
+@mutant("stats_queries_capped", "a lookup queries the request's whole num_tokens, not only "
+        "the tokens it may hit", KV_CACHE_MANAGER,
+        replaces=(rstats.PrefixCacheStats, "observe"), applies=stats_caching)
+def _queries_without_last_token(self, num_tokens, num_hit_tokens):
+    self.requests += 1
+    self.queries += num_tokens - 1
+    self.hits += num_hit_tokens
+
+
+@mutant("stats_prefix_cache_cumulative", "each report counts the lookups since the previous "
+        "one", KV_CACHE_MANAGER, replaces=(rkv.KVCacheManager, "take_prefix_cache_stats"),
+        applies=stats)
+def _never_restarted(self):
+    return dataclasses.replace(self.prefix_cache_stats)
+
+
+@mutant("stats_usage_counts_null_page", "KV cache usage leaves the null page out of the pool",
+        BLOCK_POOL, replaces=(rkv, "kv_cache_usage"), applies=stats)
+def _usage_of_whole_pool(num_blocks, num_free_blocks):
+    return 1.0 - (num_free_blocks / num_blocks)
+
+
+@mutant("stats_reset_not_reported", "a prefix-cache reset is reported in the next stats",
+        KV_CACHE_MANAGER, replaces=(rkv.KVCacheManager, "reset_prefix_cache"), applies=stats)
+def _reset_unreported(self):
+    return self.pool.reset_prefix_cache()
+
+
+@mutant("stats_drafted_positions_counted", "per draft position, only accepted tokens are "
+        "counted", "vllm/v1/spec_decode/metrics.py",
+        replaces=(rstats.SpecDecodingStats, "observe_draft"), applies=stats_drafts)
+def _every_drafted_position(self, num_draft_tokens, num_accepted_tokens):
+    self.num_drafts += 1
+    self.num_draft_tokens += num_draft_tokens
+    self.num_accepted_tokens += num_accepted_tokens
+    for position in range(num_draft_tokens):
+        self.num_accepted_tokens_per_pos[position] += 1
+
+
+_make_stats = rsched.Scheduler.make_stats
+
+
+@mutant("stats_spec_decoding_always", "a step that checked no drafts reports no "
+        "spec-decoding stats", SCHEDULER, replaces=(rsched.Scheduler, "make_stats"),
+        applies=stats_drafts)
+def _empty_spec_stats_reported(self, spec_decoding):
+    if spec_decoding is None and self.config.num_speculative_tokens:
+        spec_decoding = rstats.SpecDecodingStats.new(self.config.num_speculative_tokens)
+    return _make_stats(self, spec_decoding)
+
+
 # -- the rule changes of later releases (reference/releases.py) ---------------------------
 # Each mutant takes one rule change out of every release that has it.  The suite kills it
 # by replaying that release's recorded traces (side "release <version>": no vLLM needed).
@@ -885,9 +975,10 @@ def _without(name: str):
 
 _CHANGE_APPLIES = {
     "priority_victim_loses_its_grant": priority,
-    "threshold_dropped_when_nothing_chunks": lambda c: chunked_off_threshold(c) and not caching(c),
+    "threshold_dropped_when_nothing_chunks": lambda s: chunked_off_threshold(s) and not caching(s),
     "chunked_off_stops_at_first_misfit": chunked_off,
     "chunked_local_frees_last_cached_page": chunked_local_caching,
+    "grammar_rows_in_grant_order": grammar,
 }
 
 for _change in releases.CHANGES:
