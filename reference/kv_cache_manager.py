@@ -37,6 +37,7 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks, enable_caching, emit)
         self.coordinator = KVCacheCoordinator(self.groups, self.pool, enable_caching, use_eagle,
                                               has)
+        self.has = has
         self.prefix_cache_stats = PrefixCacheStats()
 
     # -- prefix lookup -----------------------------------------------------------
@@ -48,7 +49,8 @@ class KVCacheManager:
         else:
             hits, num_hit = self.coordinator.lookup(request.block_hashes,
                                                     self.max_hit_tokens(request))
-            self.prefix_cache_stats.observe(request.num_tokens, num_hit)
+            self.prefix_cache_stats.observe(request.num_tokens, num_hit,
+                                            preempted=self.counts_apart(request))
         self.emit(events.PrefixLookup(request.request_id, num_hit))
         return hits, num_hit
 
@@ -109,6 +111,11 @@ class KVCacheManager:
         return done
 
     # -- stats ---------------------------------------------------------------------
+
+    def counts_apart(self, request: Request) -> bool:
+        """From 0.11.1 (prefix_stats_split_preempted) the lookups of a request that was
+        preempted before are counted apart from those of new requests."""
+        return self.has("prefix_stats_split_preempted") and request.num_preemptions > 0
 
     def take_prefix_cache_stats(self) -> PrefixCacheStats:
         """The lookups since the last report; counting starts again from zero."""

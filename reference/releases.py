@@ -81,6 +81,12 @@ CHANGES: tuple[RuleChange, ...] = (
         "and a request's index counts constrained requests only.  (0.11.0 follows the "
         "worker's batch, new then running then resumed, and indexes the whole batch.)  "
         "The engine now asks for the bitmask after schedule() (get_grammar_bitmask)."),
+    RuleChange(
+        "prefix_stats_split_preempted", "0.11.1", "",
+        "Scheduler stats: the prefix-cache lookups of a request preempted before are "
+        "counted apart (preempted_requests, preempted_queries, preempted_hits) and no "
+        "longer in requests, queries and hits.  Found by the stats streams on the 0.11.1 "
+        "side environment."),
 )
 
 _BY_NAME = {c.name: c for c in CHANGES}

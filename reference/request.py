@@ -56,6 +56,7 @@ class Request:
     all_token_ids: list[int] = field(default_factory=list)
     spec_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
+    num_preemptions: int = 0
     block_hashes: list[BlockHash] = field(default_factory=list)
 
     def __post_init__(self) -> None:

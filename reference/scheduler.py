@@ -256,6 +256,7 @@ class Scheduler:
         self.encoder_cache.free(victim)
         victim.status = RequestStatus.PREEMPTED
         victim.num_computed_tokens = 0
+        victim.num_preemptions += 1
         self.waiting.prepend(victim)
         plan.preempted.append(victim)
         self.emit(events.Preempted(victim.request_id))

@@ -22,8 +22,18 @@ class PrefixCacheStats:
     requests: int = 0  # lookups made
     queries: int = 0  # tokens looked up: each request's whole num_tokens
     hits: int = 0  # tokens found
+    # The same three counts for requests preempted before (0.11.1's
+    # prefix_stats_split_preempted; 0.11.0 counts them with the others).
+    preempted_requests: int = 0
+    preempted_queries: int = 0
+    preempted_hits: int = 0
 
-    def observe(self, num_tokens: int, num_hit_tokens: int) -> None:
+    def observe(self, num_tokens: int, num_hit_tokens: int, preempted: bool = False) -> None:
+        if preempted:
+            self.preempted_requests += 1
+            self.preempted_queries += num_tokens
+            self.preempted_hits += num_hit_tokens
+            return
         self.requests += 1
         self.queries += num_tokens
         self.hits += num_hit_tokens

@@ -36,6 +36,7 @@ FIXTURE_SHOWS = {
                                    "stats_prefix_cache_cumulative",
                                    "stats_usage_counts_null_page", "stats_reset_not_reported"],
     "stats_spec_decoding": ["stats_drafted_positions_counted", "stats_spec_decoding_always"],
+    "stats_preempted_lookup": ["prefix_stats_split_preempted_dropped"],
     "mm_encoder_cache_evicts_oldest": ["encoder_outputs_not_shared", "encoder_evicts_newest"],
     "mm_encoder_cache_shared": ["encoder_outputs_not_shared"],
     "mm_encoder_output_let_go_after_placeholder": ["encoder_outputs_held_to_the_end"],

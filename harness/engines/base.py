@@ -223,21 +223,29 @@ def slot_ranges(slots: list[int]) -> list[list[int]]:
     return ranges
 
 
+PREFIX_CACHE_FIELDS = ("reset", "requests", "queries", "hits")
+#: From 0.11.1 (prefix_stats_split_preempted): the lookups of preempted requests, apart.
+PREEMPTED_PREFIX_CACHE_FIELDS = ("preempted_requests", "preempted_queries", "preempted_hits")
+SPEC_DECODING_FIELDS = ("num_spec_tokens", "num_drafts", "num_draft_tokens",
+                        "num_accepted_tokens", "num_accepted_tokens_per_pos")
+
+
 def stats_record(num_running: int, num_waiting: int, kv_cache_usage: float,
-                 prefix_cache: tuple[bool, int, int, int],
-                 spec_decoding: tuple[int, int, int, int, list[int]] | None) -> dict:
+                 prefix_cache, spec_decoding, preempted_apart: bool) -> dict:
     """One step's scheduler stats (vLLM's SchedulerStats) as a trace writes them.
 
-    ``prefix_cache`` is (reset, requests, queries, hits) since the last report;
-    ``spec_decoding`` is (num_spec_tokens, drafts, draft tokens, accepted tokens,
-    accepted per draft position), None when no drafts were checked this step.
+    ``prefix_cache`` and ``spec_decoding`` are vLLM's PrefixCacheStats and
+    SpecDecodingStats or the reference's (same field names); ``spec_decoding`` is
+    None when no drafts were checked this step.  ``preempted_apart``: the release
+    counts preempted requests' lookups apart (their three fields are written).
     """
-    out = {"num_running_reqs": num_running, "num_waiting_reqs": num_waiting,
-           "kv_cache_usage": kv_cache_usage,
-           "prefix_cache": dict(zip(("reset", "requests", "queries", "hits"), prefix_cache)),
-           "spec_decoding": None}
-    if spec_decoding is not None:
-        out["spec_decoding"] = dict(zip(("num_spec_tokens", "num_drafts", "num_draft_tokens",
-                                         "num_accepted_tokens", "num_accepted_tokens_per_pos"),
-                                        spec_decoding))
-    return out
+    fields = PREFIX_CACHE_FIELDS + (PREEMPTED_PREFIX_CACHE_FIELDS if preempted_apart else ())
+    return {"num_running_reqs": num_running, "num_waiting_reqs": num_waiting,
+            "kv_cache_usage": kv_cache_usage,
+            "prefix_cache": {f: getattr(prefix_cache, f) for f in fields},
+            "spec_decoding": None if spec_decoding is None else
+            {f: _plain(getattr(spec_decoding, f)) for f in SPEC_DECODING_FIELDS}}
+
+
+def _plain(value):
+    return list(value) if isinstance(value, list) else value

@@ -151,12 +151,9 @@ class ReferenceEngine:
 
     def stats(self) -> dict | None:
         s = self._stats
-        p, d = s.prefix_cache, s.spec_decoding
-        return stats_record(
-            s.num_running_reqs, s.num_waiting_reqs, s.kv_cache_usage,
-            (p.reset, p.requests, p.queries, p.hits),
-            None if d is None else (d.num_spec_tokens, d.num_drafts, d.num_draft_tokens,
-                                    d.num_accepted_tokens, list(d.num_accepted_tokens_per_pos)))
+        return stats_record(s.num_running_reqs, s.num_waiting_reqs, s.kv_cache_usage,
+                            s.prefix_cache, s.spec_decoding,
+                            preempted_apart=self.config.has("prefix_stats_split_preempted"))
 
     def set_drafts(self, drafts: dict[str, list[int]]) -> None:
         self.sched.update_draft_token_ids(drafts)

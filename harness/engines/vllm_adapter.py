@@ -443,12 +443,9 @@ class VllmEngine:
         s = self._stats
         if s is None:
             return None
-        p, d = s.prefix_cache_stats, s.spec_decoding_stats
-        return stats_record(
-            s.num_running_reqs, s.num_waiting_reqs, s.kv_cache_usage,
-            (p.reset, p.requests, p.queries, p.hits),
-            None if d is None else (d.num_spec_tokens, d.num_drafts, d.num_draft_tokens,
-                                    d.num_accepted_tokens, list(d.num_accepted_tokens_per_pos)))
+        return stats_record(s.num_running_reqs, s.num_waiting_reqs, s.kv_cache_usage,
+                            s.prefix_cache_stats, s.spec_decoding_stats,
+                            preempted_apart=hasattr(s.prefix_cache_stats, "preempted_requests"))
 
     def set_drafts(self, drafts: dict[str, list[int]]) -> None:
         ids = list(drafts)

@@ -964,6 +964,7 @@ _CHANGE_MODULES = {
     "chunked_off_stops_at_first_misfit": SCHEDULER,
     "chunked_local_frees_last_cached_page": SINGLE_TYPE,
     "grammar_rows_in_grant_order": SCHEDULER,
+    "prefix_stats_split_preempted": KV_CACHE_MANAGER,
 }
 
 
@@ -979,6 +980,7 @@ _CHANGE_APPLIES = {
     "chunked_off_stops_at_first_misfit": chunked_off,
     "chunked_local_frees_last_cached_page": chunked_local_caching,
     "grammar_rows_in_grant_order": grammar,
+    "prefix_stats_split_preempted": stats_caching,
 }
 
 for _change in releases.CHANGES:
