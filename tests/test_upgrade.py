@@ -124,3 +124,18 @@ def test_a_release_the_engine_fails_on_is_listed_as_not_drivable(tmp_path):
     assert upgrade_check._could_not_run(report).startswith("TypeError: BlockTable.compute_slot_mapping")
     report.write_text("## Bundled streams\n\n| a | same |\n")
     assert upgrade_check._could_not_run(report) == ""
+
+
+@pytest.mark.needs_vllm
+def test_a_crash_the_old_release_had_too_is_the_same_not_could_not_run(tmp_path, monkeypatch):
+    """vLLM crashing on a quirk's stream as 0.11.0 did is behaviour the check compares:
+    the installed 0.11.0 against its own recorded traces gives "same"."""
+    from harness import upgrade
+    from harness.paths import STREAMS_DIR
+    for name in ("sliding_window_null_page_cached", "lora_slots_overfilled_after_a_skip"):
+        (tmp_path / f"{name}.json").write_text((STREAMS_DIR / f"{name}.json").read_text())
+    monkeypatch.setattr(upgrade, "STREAMS_DIR", tmp_path)
+    results = upgrade.check_bundled(upgrade.Checker("0.11.0"), {})
+    assert [(r.name, r.outcome, r.conforms) for r in results] == [
+        ("lora_slots_overfilled_after_a_skip", upgrade.SAME, True),
+        ("sliding_window_null_page_cached", upgrade.SAME, True)]
