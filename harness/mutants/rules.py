@@ -900,13 +900,14 @@ def _every_request_counted(self, request):
     return hits, num_hit
 
 
+_observe = rstats.PrefixCacheStats.observe
+
+
 @mutant("stats_queries_capped", "a lookup queries the request's whole num_tokens, not only "
         "the tokens it may hit", KV_CACHE_MANAGER,
         replaces=(rstats.PrefixCacheStats, "observe"), applies=stats_caching)
-def _queries_without_last_token(self, num_tokens, num_hit_tokens):
-    self.requests += 1
-    self.queries += num_tokens - 1
-    self.hits += num_hit_tokens
+def _queries_without_last_token(self, num_tokens, num_hit_tokens, preempted=False):
+    _observe(self, num_tokens - 1, num_hit_tokens, preempted)
 
 
 @mutant("stats_prefix_cache_cumulative", "each report counts the lookups since the previous "
@@ -980,7 +981,7 @@ _CHANGE_APPLIES = {
     "chunked_off_stops_at_first_misfit": chunked_off,
     "chunked_local_frees_last_cached_page": chunked_local_caching,
     "grammar_rows_in_grant_order": grammar,
-    "prefix_stats_split_preempted": stats_caching,
+    "prefix_stats_split_preempted": stats,
 }
 
 for _change in releases.CHANGES:
