@@ -121,6 +121,7 @@ def _loop(engine: Engine, stream: Stream, trace: Trace, limits: Limits) -> None:
         emitted = model.sample(scheduled, by_id)
         engine.update(scheduled, emitted)
         stats = engine.stats() if "stats" in optional else None
+        kv_events = engine.kv_events() if "kv_events" in optional else None
         if stream.speculative:
             # Like vLLM's model runner, the proposer answers for every request in
             # the batch: one that emitted gets its next scripted draft list, one
@@ -142,7 +143,7 @@ def _loop(engine: Engine, stream: Stream, trace: Trace, limits: Limits) -> None:
                 reported_finished.add(req_id)
         trace.steps.append(step_record(step, scheduled, emitted, states,
                                        engine.num_free_blocks(), reset, optional,
-                                       stats))
+                                       stats, kv_events))
         step += 1
 
 

@@ -452,7 +452,7 @@ def streams(draw, config: dict[str, Any] | SearchStrategy | None = None,
             cut_earlier: bool = False,
             adapters: tuple[str, ...] = ("sql", "chat", "code", "math"),
             grammars: bool = False,
-            stats: bool = True) -> dict[str, Any]:
+            stats: bool = True, kv_events: bool = True) -> dict[str, Any]:
     """A valid stream dict: ``{"config": ..., "requests": [...]}``.
 
     ``config`` is a config dict, a strategy of config dicts, or None for
@@ -485,7 +485,9 @@ def streams(draw, config: dict[str, Any] | SearchStrategy | None = None,
     * ``grammars`` -- half of the requests use structured output: a grammar
       ready at arrival or 1-4 steps later, rejecting 1-3 tokens its output
       never holds, which some of its drafts do;
-    * ``stats`` -- half of the streams keep scheduler stats (``log_stats``).
+    * ``stats`` -- half of the streams keep scheduler stats (``log_stats``);
+    * ``kv_events`` -- half of the streams with one KV cache group publish KV cache
+      events (``kv_cache_events``; vLLM has none with several).
 
     Shrinks towards: the shrunk config, ``min_requests`` requests arriving at
     step 0, fresh short prompts, the first stop mode in ``stop_modes``, and
@@ -545,7 +547,9 @@ def streams(draw, config: dict[str, Any] | SearchStrategy | None = None,
         data["reset_prefix_cache_steps"] = sorted(set(
             draw(st.lists(st.integers(0, max_arrival_step + 20), min_size=1, max_size=3))))
     if stats and draw(st.booleans()):
-        data["config"] = {**config, "log_stats": True}
+        data["config"] = {**data["config"], "log_stats": True}
+    if kv_events and len(config.get("kv_cache_groups") or [None]) == 1 and draw(st.booleans()):
+        data["config"] = {**data["config"], "kv_cache_events": True}
     return data
 
 

@@ -90,6 +90,10 @@ class Config:
     # Whether the scheduler keeps stats (vLLM's log_stats, on in a server unless
     # --disable-log-stats): the trace then carries each step's SchedulerStats.
     log_stats: bool = False
+    # Whether the block pool publishes KV cache events (vLLM's KVEventsConfig
+    # enable_kv_cache_events, what KV-aware routers read): each step of the trace then
+    # carries the events published that step.
+    kv_cache_events: bool = False
     model: str = "qwen2.5-0.5b"
     max_steps: int = 1000
 
@@ -120,7 +124,7 @@ class Config:
 OPTIONAL_CONFIG_FIELDS = {"kv_cache_groups": None, "max_loras": None,
                           "encoder_compute_budget": None, "encoder_cache_size": None,
                           "max_tokens_per_mm_item": None, "disable_chunked_mm_input": False,
-                          "log_stats": False}
+                          "log_stats": False, "kv_cache_events": False}
 OPTIONAL_REQUEST_FIELDS = {"lora": None, "structured_output": None, "mm_inputs": (),
                            "pooling": False}
 
@@ -513,6 +517,9 @@ def _config_errors(c: Config) -> list[str]:
         errors.append("config.max_tokens_per_mm_item: must be <= max_num_batched_tokens when "
                       "disable_chunked_mm_input is true (vLLM refuses it at start-up)")
     errors += _group_errors(c)
+    if c.kv_cache_events and len(c.groups) > 1:
+        errors.append("config.kv_cache_events: needs a single KV cache group (vLLM 0.11.0 turns "
+                      "its hybrid KV cache manager off when KV cache events are on)")
     if c.kv_cache_groups is None:
         needed = cdiv(c.max_model_len, c.block_size)
         if c.num_gpu_blocks < needed:

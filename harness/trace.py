@@ -22,13 +22,13 @@ STEP_FIELDS = (
     "scheduled", "computed_before", "new_block_ids", "preempted", "finished", "prefix_hit_tokens",
     "spec_tokens", "emitted", "num_computed_tokens", "status", "free_blocks",
     "evicted", "slots", "prefix_cache_reset", "set_aside", "grammar_index", "bitmask_rows",
-    "encoder_inputs", "encoder_frees", "stats",
+    "encoder_inputs", "encoder_frees", "stats", "kv_events",
 )
 
 
 #: Step fields that only streams using a feature carry (see optional_fields).
 OPTIONAL_STEP_FIELDS = frozenset({"set_aside", "grammar_index", "bitmask_rows",
-                                  "encoder_inputs", "encoder_frees", "stats"})
+                                  "encoder_inputs", "encoder_frees", "stats", "kv_events"})
 
 
 def optional_fields(stream: Stream) -> frozenset[str]:
@@ -36,7 +36,7 @@ def optional_fields(stream: Stream) -> frozenset[str]:
     written before the feature keep their bytes): ``set_aside`` with LoRA adapters or
     structured output, ``grammar_index`` and ``bitmask_rows`` with structured output,
     ``encoder_inputs`` and ``encoder_frees`` with multimodal inputs, ``stats`` with
-    ``log_stats``."""
+    ``log_stats``, ``kv_events`` with ``kv_cache_events``."""
     fields = set()
     if any(r.lora is not None or r.structured_output is not None for r in stream.requests):
         fields.add("set_aside")
@@ -46,6 +46,8 @@ def optional_fields(stream: Stream) -> frozenset[str]:
         fields |= {"encoder_inputs", "encoder_frees"}
     if stream.config.log_stats:
         fields.add("stats")
+    if stream.config.kv_cache_events:
+        fields.add("kv_events")
     return frozenset(fields)
 
 
@@ -84,9 +86,10 @@ def step_record(step: int, s: Scheduled, emitted: dict[str, list[int]],
                 states: dict[str, RequestState], free_blocks: int,
                 prefix_cache_reset: bool | None,
                 optional: frozenset[str] = frozenset(),
-                stats: dict[str, Any] | None = None) -> dict[str, Any]:
+                stats: dict[str, Any] | None = None,
+                kv_events: list[dict] | None = None) -> dict[str, Any]:
     """One step of a trace, as plain JSON-able data (``optional``: see optional_fields;
-    ``stats``: the step's scheduler stats, see harness.engines.base.Engine.stats)."""
+    ``stats`` and ``kv_events``: see harness.engines.base.Engine.stats and .kv_events)."""
     record = {
         "step": step,
         "scheduled": [[rid, n] for rid, n in s.scheduled],
@@ -107,7 +110,8 @@ def step_record(step: int, s: Scheduled, emitted: dict[str, list[int]],
     extra = {"set_aside": list(s.set_aside), "grammar_index": dict(s.grammar_index),
              "bitmask_rows": [list(r) for r in s.bitmask_rows],
              "encoder_inputs": {rid: list(ids) for rid, ids in s.encoder_inputs.items()},
-             "encoder_frees": list(s.encoder_frees), "stats": stats}
+             "encoder_frees": list(s.encoder_frees), "stats": stats,
+             "kv_events": kv_events}
     record.update((k, v) for k, v in extra.items() if k in optional)
     return record
 

@@ -18,10 +18,15 @@ threaded through the pages themselves.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from reference import events
 from reference.block_hash import BlockHash
+from reference.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventQueue
+from reference.releases import HasRule, only_0_11_0
+
+if TYPE_CHECKING:
+    from reference.request import Request
 
 #: A page is cached under the hash of its tokens and the id of its KV cache group.
 CacheKey = tuple[BlockHash, int]
@@ -104,10 +109,13 @@ class FreeBlockQueue:
 class BlockPool:
     """All pages, the free queue, and the map from block hash to cached pages."""
 
-    def __init__(self, num_blocks: int, enable_caching: bool, emit: events.Listener = events.ignore):
+    def __init__(self, num_blocks: int, enable_caching: bool, emit: events.Listener = events.ignore,
+                 enable_kv_cache_events: bool = False, has: HasRule = only_0_11_0):
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.emit = emit
+        self.has = has
+        self.kv_events = KVEventQueue(enable_kv_cache_events)
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
         # (hash, group) -> {block_id: page}, in insertion order.  The same content
@@ -148,6 +156,7 @@ class BlockPool:
         del pages[block.block_id]
         if not pages:
             del self.cached[block.block_hash]
+        self.kv_events.put(BlockRemoved((block.block_hash[0],)))
         block.block_hash = None
         self.emit(events.CachedBlockEvicted(block.block_id))
 
@@ -170,11 +179,14 @@ class BlockPool:
         return self.num_blocks - self.num_free_blocks() == 1
 
     def cache_full_blocks(self, block_hashes: list[BlockHash], blocks: list[Block],
-                          num_cached: int, num_full: int, group_id: int = 0) -> None:
+                          num_cached: int, num_full: int, group_id: int = 0,
+                          request: Request | None = None, block_size: int = 0) -> None:
         """Index the pages ``blocks[num_cached:num_full]`` of one group under their hashes.
 
         Whatever stands there is indexed, the null page too
         (quirks.NULL_PAGE_CACHED): a null page already indexed fails the check.
+        With KV cache events on, the call is announced (``request`` and
+        ``block_size`` say whose tokens the pages hold).
         """
         if num_cached == num_full:
             return
@@ -184,6 +196,21 @@ class BlockPool:
             key = (block_hash, group_id)
             block.block_hash = key
             self.cached.setdefault(key, {})[block.block_id] = block
+        if self.kv_events.enabled:
+            self.kv_events.put(BlockStored(
+                block_hashes=tuple(block_hashes[num_cached:num_full]),
+                parent_block_hash=parent_hash(blocks, num_cached),
+                token_ids=tuple(request.all_token_ids[num_cached * block_size:
+                                                      num_full * block_size]),
+                block_size=block_size, lora_id=self.announced_adapter(request)))
+
+    def announced_adapter(self, request: Request) -> int | None:
+        """The LoRA adapter a BlockStored names: its integer id.  0.11.0 asks the adapter
+        for an id it does not have, and the engine raises (quirks.KV_EVENTS_FAIL_WITH_LORA;
+        fixed in 0.11.1, kv_events_name_the_adapter)."""
+        if request.lora_id is not None and not self.has("kv_events_name_the_adapter"):
+            raise AttributeError("'LoRARequest' object has no attribute 'id'")
+        return request.lora_id
 
     def reset_prefix_cache(self) -> bool:
         """Forget every hash; refused (False) while any page is in use."""
@@ -192,4 +219,18 @@ class BlockPool:
         self.cached = {}
         for block in self.blocks:
             block.block_hash = None
+        self.kv_events.put(AllBlocksCleared())
         return True
+
+
+def parent_hash(blocks: list[Block], num_cached: int) -> BlockHash | None:
+    """The hash of the page before the newly indexed ones, as that page is indexed now.
+
+    That page must be indexed: a null page that took its place and was never
+    indexed fails the check (sliding windows, quirks.NULL_PAGE_CACHED).
+    """
+    if num_cached == 0:
+        return None
+    parent = blocks[num_cached - 1]
+    assert parent.block_hash is not None, f"parent {parent} is not cached"
+    return parent.block_hash[0]

@@ -38,6 +38,9 @@ class Config:
     encoder_cache_size: int | None = None
     max_tokens_by_modality: tuple[tuple[str, int], ...] = ()
     disable_chunked_mm_input: bool = False
+    # KV cache events (vLLM's KVEventsConfig.enable_kv_cache_events): the block pool
+    # announces what enters and leaves the prefix-cache index.
+    enable_kv_cache_events: bool = False
     # Rule changes of a later release in effect (reference.releases); none: 0.11.0.
     rules: frozenset[str] = frozenset()
 

@@ -21,25 +21,16 @@ types differ in three rules:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 
 from reference.arith import cdiv
 from reference.block_hash import BlockHash
 from reference.block_pool import Block, BlockPool
+from reference.releases import HasRule, only_0_11_0
 from reference.kv_cache_spec import CHUNKED_LOCAL, FULL, MAMBA, SLIDING_WINDOW, KVCacheSpec
 from reference.request import Request
 
 #: One list of pages per group in a lookup: hits for several groups of one type at once.
 GroupHits = list[list[Block]]
-
-#: Whether a named rule change of a later release applies (``Config.has``).
-HasRule = Callable[[str], bool]
-
-
-def only_0_11_0(rule_change: str) -> bool:
-    """The rules of vLLM 0.11.0: no later rule change applies."""
-    return False
-
 
 class GroupManager:
     """Block tables of one group (vLLM's SingleTypeKVCacheManager)."""
@@ -104,7 +95,7 @@ class GroupManager:
         num_full = num_tokens // self.block_size
         self.pool.cache_full_blocks(request.block_hashes, self.table(request.request_id),
                                     self.num_cached_block[request.request_id], num_full,
-                                    self.group_id)
+                                    self.group_id, request, self.block_size)
         self.num_cached_block[request.request_id] = num_full
 
     # -- giving pages back -------------------------------------------------------------

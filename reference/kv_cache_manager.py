@@ -17,6 +17,7 @@ from reference.block_pool import BlockPool
 from reference.group_managers import HasRule, only_0_11_0
 from reference.kv_cache_coordinator import KVCacheCoordinator, PerGroup
 from reference.kv_cache_spec import KVCacheSpec, full
+from reference.kv_events import KVEvent
 from reference.request import Request
 from reference.stats import PrefixCacheStats, kv_cache_usage
 
@@ -24,9 +25,11 @@ from reference.stats import PrefixCacheStats, kv_cache_usage
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int,
                  enable_caching: bool, use_eagle: bool, emit: events.Listener = events.ignore,
-                 groups: tuple[KVCacheSpec, ...] | None = None, has: HasRule = only_0_11_0):
+                 groups: tuple[KVCacheSpec, ...] | None = None, has: HasRule = only_0_11_0,
+                 enable_kv_cache_events: bool = False):
         """``groups``: the KV cache groups, in order (default: one full-attention group);
-        ``has``: which rule changes of a later release apply (default: none, 0.11.0)."""
+        ``has``: which rule changes of a later release apply (default: none, 0.11.0);
+        ``enable_kv_cache_events``: the pool queues KV cache events (reference.kv_events)."""
         self.groups = groups or (full(block_size),)
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
@@ -34,7 +37,7 @@ class KVCacheManager:
         if enable_caching:
             assert len({g.block_size for g in self.groups}) == 1, "one block size with caching"
         self.block_size = self.groups[0].block_size
-        self.pool = BlockPool(num_blocks, enable_caching, emit)
+        self.pool = BlockPool(num_blocks, enable_caching, emit, enable_kv_cache_events, has)
         self.coordinator = KVCacheCoordinator(self.groups, self.pool, enable_caching, use_eagle,
                                               has)
         self.has = has
@@ -121,6 +124,10 @@ class KVCacheManager:
         """The lookups since the last report; counting starts again from zero."""
         stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
         return stats
+
+    def take_events(self) -> list[KVEvent]:
+        """The KV cache events queued since the last call."""
+        return self.pool.kv_events.take()
 
     def usage(self) -> float:
         return kv_cache_usage(self.pool.num_blocks, self.pool.num_free_blocks())

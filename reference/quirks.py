@@ -65,6 +65,16 @@ NULL_PAGE_CACHED
     sliding_window_null_page_cached.  Code: block_pool.BlockPool.cache_full_blocks,
     group_managers.SlidingWindowManager.remove_skipped_blocks.
 
+KV_EVENTS_FAIL_WITH_LORA
+    With KV cache events on, the block pool announces each run of newly cached
+    pages with the request's LoRA adapter, which it asks for an ``id``; vLLM
+    0.11.0's ``LoRARequest`` has no such attribute (its id is ``lora_int_id``,
+    or ``adapter_id``).  The first time a request with an adapter gets a page
+    cached, the engine raises ``AttributeError``.  The reference raises at the
+    same step.  Changed in 0.11.1 (releases: kv_events_name_the_adapter, vLLM PR
+    #27728).  Bundled stream: kv_events_with_lora.
+    Code: block_pool.BlockPool.announced_adapter.
+
 MM_HASH_ON_BLOCK_AFTER_A_LATER_HASHING
     A block's keys include the content hash of every multimodal item it touches,
     and an item that ends exactly where a block starts counts as touching it.

@@ -21,6 +21,7 @@ again, so the cleared list is never seen.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 #: The releases whose rules the reference states, oldest first.
 RELEASES = ("0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0")
@@ -87,9 +88,23 @@ CHANGES: tuple[RuleChange, ...] = (
         "counted apart (preempted_requests, preempted_queries, preempted_hits) and no "
         "longer in requests, queries and hits.  Found by the stats streams on the 0.11.1 "
         "side environment."),
+    RuleChange(
+        "kv_events_name_the_adapter", "0.11.1", "#27728",
+        "KV cache events: a BlockStored for a request with a LoRA adapter names the "
+        "adapter's integer id.  (0.11.0 asks the adapter for an ``id`` it does not have "
+        "and the engine raises AttributeError: quirks.KV_EVENTS_FAIL_WITH_LORA.)  Found by "
+        "the first KV-event streams on 0.11.0."),
 )
 
 _BY_NAME = {c.name: c for c in CHANGES}
+
+#: Whether a named rule change applies (``Config.has``), as the code of a rule asks it.
+HasRule = Callable[[str], bool]
+
+
+def only_0_11_0(rule_change: str) -> bool:
+    """The rules of vLLM 0.11.0: no later rule change applies."""
+    return False
 
 
 def order(release: str) -> tuple[int, ...]:

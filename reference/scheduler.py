@@ -30,6 +30,7 @@ from reference.config import Config
 from reference.encoder_cache import EncoderCacheManager, encoder_budgets
 from reference.encoder_inputs import free_encoder_inputs, try_schedule_encoder_inputs
 from reference.kv_cache_manager import KVCacheManager, block_ids
+from reference.kv_events import KVEvent
 from reference.lora import AdapterSlots
 from reference.output import CachedRequestData, NewRequestData, SchedulerOutput
 from reference.request import Request, RequestStatus, check_pooled, check_stop
@@ -70,13 +71,15 @@ class Scheduler:
         self.emit = emit
         self.kv = KVCacheManager(config.num_blocks, config.block_size, config.max_model_len,
                                  config.enable_prefix_caching, config.use_eagle, emit,
-                                 config.groups, config.has)
+                                 config.groups, config.has, config.enable_kv_cache_events)
         self.encoder_compute_budget, cache_size = self.encoder_sizes()
         self.encoder_cache = EncoderCacheManager(cache_size)
         self.requests: dict[str, Request] = {}
         self.waiting = make_queue(config.policy)
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()
+        # KV cache events, one batch per step that had any (vLLM's publisher).
+        self.published_kv_events: list[list[KVEvent]] = []
 
     def encoder_sizes(self) -> tuple[int, int]:
         """The encoder's tokens per step and its cache's room, raised to the largest item."""
@@ -131,7 +134,14 @@ class Scheduler:
         output = self._make_output(plan)
         self._advance_computed_tokens(output)
         self._forget_reported_finished()
+        self.publish_kv_events()
         return output
+
+    def publish_kv_events(self) -> None:
+        """What the KV cache changed this step goes out as one batch, if anything did."""
+        batch = self.kv.take_events()
+        if batch:
+            self.published_kv_events.append(batch)
 
     def admits_waiting(self, plan: StepPlan) -> bool:
         """A step that had to preempt admits no waiting request."""

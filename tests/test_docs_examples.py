@@ -57,3 +57,40 @@ def test_bounds_table_lists_every_schema_bound():
     doc = (DOCS_DIR / "stream-format.md").read_text().split("## Bounds", 1)[1].split("\n## ", 1)[0]
     for path, bound in _bounds(schema()):
         assert f"{bound:,}" in doc, f"{path}: bound {bound:,} is not in docs/stream-format.md"
+
+
+# ---------------------------------------------------------------------------
+# The router example (docs/examples/kv_index.py) on vLLM's recorded traces
+# ---------------------------------------------------------------------------
+
+
+def _kv_index():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("kv_index", DOCS_DIR / "examples" / "kv_index.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _recorded_event_traces() -> list[dict]:
+    from harness.paths import TRACES_DIR
+    traces = [json.loads(p.read_text()) for p in sorted(TRACES_DIR.glob("vllm-*/*.json"))]
+    return [t for t in traces if t["stream"]["config"].get("kv_cache_events")]
+
+
+def test_router_example_explains_every_recorded_hit():
+    traces = _recorded_event_traces()
+    assert len(traces) >= 15  # three streams, five releases
+    hits = 0
+    for t in traces:
+        assert _kv_index().unexplained_hits(t) == []
+        hits += sum(bool(n) for s in t["steps"] for n in s["prefix_hit_tokens"].values())
+    assert hits > 0
+
+
+def test_router_example_flags_a_hit_on_a_page_never_announced():
+    trace = next(t for t in _recorded_event_traces()
+                 if any(n for s in t["steps"] for n in s["prefix_hit_tokens"].values()))
+    for step in trace["steps"]:
+        step["kv_events"] = [e for e in step["kv_events"] if e["type"] != "BlockStored"]
+    assert _kv_index().unexplained_hits(trace)

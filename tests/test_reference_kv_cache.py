@@ -6,6 +6,7 @@ import pytest
 
 from reference.block_pool import BlockPool
 from reference.kv_cache_manager import KVCacheManager, block_ids
+from reference.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from reference.request import Request
 
 
@@ -129,3 +130,59 @@ def test_zero_new_tokens_is_an_error():
     kv = KVCacheManager(6, 4, max_model_len=256, enable_caching=True, use_eagle=False)
     with pytest.raises(ValueError):
         kv.allocate_slots(make_request("A", [1], block_size=4), 0)
+
+
+# -- KV cache events (reference.kv_events) ------------------------------------------------
+
+def events_manager(num_blocks: int = 6, **kw) -> KVCacheManager:
+    return KVCacheManager(num_blocks, 4, max_model_len=256, enable_caching=True, use_eagle=False,
+                          enable_kv_cache_events=True, **kw)
+
+
+def test_kv_events_stored_with_parent_and_new_tokens_only():
+    kv = events_manager()
+    r = make_request("a", list(range(1, 10)), block_size=4)
+    kv.allocate_slots(r, 9)
+    r.num_computed_tokens = 9
+    (first,) = kv.take_events()
+    assert isinstance(first, BlockStored)
+    assert first.block_hashes == tuple(r.block_hashes[:2]) and first.parent_block_hash is None
+    assert first.token_ids == tuple(range(1, 9)) and first.block_size == 4
+    for t in (10, 11, 12):
+        r.append_output_token(t)
+    kv.allocate_slots(r, 3)
+    (second,) = kv.take_events()
+    assert second.block_hashes == (r.block_hashes[2],)
+    assert second.parent_block_hash == r.block_hashes[1]
+    assert second.token_ids == (9, 10, 11, 12)
+
+
+def test_kv_events_removed_on_reuse_not_on_free_and_cleared_on_reset():
+    kv = events_manager(num_blocks=4)  # 3 usable pages
+    a = make_request("a", list(range(1, 10)), block_size=4)
+    kv.allocate_slots(a, 9)
+    kv.free(a)
+    kv.take_events()
+    assert kv.take_events() == []  # freeing announces nothing
+    b = make_request("b", list(range(20, 29)), block_size=4)
+    kv.allocate_slots(b, 9)
+    removed = [e for e in kv.take_events() if isinstance(e, BlockRemoved)]
+    assert [e.block_hashes for e in removed] == [(a.block_hashes[1],), (a.block_hashes[0],)]
+    kv.free(b)
+    assert kv.reset_prefix_cache()
+    assert kv.take_events() == [AllBlocksCleared()]
+
+
+def test_kv_events_off_queue_nothing():
+    kv = KVCacheManager(6, 4, max_model_len=256, enable_caching=True, use_eagle=False)
+    kv.allocate_slots(make_request("a", list(range(1, 10)), block_size=4), 9)
+    assert kv.take_events() == []
+
+
+def test_kv_events_with_an_adapter_raise_in_0_11_0_and_name_it_later():
+    prompt = list(range(1, 10))
+    with pytest.raises(AttributeError):
+        events_manager().allocate_slots(make_request("a", prompt, block_size=4, lora_id=3), 9)
+    kv = events_manager(has=lambda rule: rule == "kv_events_name_the_adapter")
+    kv.allocate_slots(make_request("a", prompt, block_size=4, lora_id=3), 9)
+    assert [e.lora_id for e in kv.take_events()] == [3]

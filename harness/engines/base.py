@@ -92,6 +92,10 @@ class Engine(Protocol):
         """The scheduler stats the last update reported (with log_stats), as
         :func:`stats_record` writes them; None without log_stats."""
 
+    def kv_events(self) -> list[dict]:
+        """The KV cache events published during this step's schedule and update, in
+        order, as :func:`kv_event_records` writes them (with kv_cache_events)."""
+
     def set_drafts(self, drafts: dict[str, list[int]]) -> None:
         """vLLM's update_draft_token_ids."""
 
@@ -249,3 +253,46 @@ def stats_record(num_running: int, num_waiting: int, kv_cache_usage: float,
 
 def _plain(value):
     return list(value) if isinstance(value, list) else value
+
+
+# -- KV cache events ---------------------------------------------------------------------
+
+class HashNumbers:
+    """Block hashes numbered 0, 1, 2, ... in the order a trace first shows them.
+
+    vLLM's hashes are random per process (their chain starts from a random
+    seed) and the reference's are its own: only which events name the same
+    hash can be compared, and the numbering keeps exactly that.
+    """
+
+    def __init__(self) -> None:
+        self.numbers: dict[object, int] = {}
+
+    def __call__(self, block_hash) -> int | None:
+        if block_hash is None:
+            return None
+        return self.numbers.setdefault(block_hash, len(self.numbers))
+
+
+def kv_event_records(batches, number: HashNumbers) -> list[dict]:
+    """The events of the batches published in one step, in order, as a trace writes them.
+
+    An event is vLLM's (``vllm.distributed.kv_events``) or the reference's
+    (``reference.kv_events``): the same class names and fields.
+    """
+    return [kv_event_record(event, number) for batch in batches for event in batch]
+
+
+def kv_event_record(event, number: HashNumbers) -> dict:
+    kind = type(event).__name__
+    if kind == "BlockStored":
+        return {"type": kind, "block_hashes": [number(h) for h in event.block_hashes],
+                "parent_block_hash": number(event.parent_block_hash),
+                "token_ids": list(event.token_ids), "block_size": event.block_size,
+                "lora_id": event.lora_id, "medium": event.medium}
+    if kind == "BlockRemoved":
+        return {"type": kind, "block_hashes": [number(h) for h in event.block_hashes],
+                "medium": event.medium}
+    if kind == "AllBlocksCleared":
+        return {"type": kind}
+    raise ValueError(f"unknown KV cache event {kind}")

@@ -14,8 +14,9 @@ from reference.scheduler import Scheduler
 from reference.slot_mapping import WorkerBlockTable
 from reference.structured_output import Grammar
 
-from harness.engines.base import (NEW, RESUMED, RUNNING, Handed, Observed, RequestState,
-                                  Scheduled, stats_record, to_scheduled)
+from harness.engines.base import (NEW, RESUMED, RUNNING, Handed, HashNumbers, Observed,
+                                  RequestState, Scheduled, kv_event_records, stats_record,
+                                  to_scheduled)
 from harness.stream import RequestSpec, Stream, largest_mm_item, lora_ids
 from reference.arith import cdiv
 
@@ -32,7 +33,8 @@ def reference_config(stream: Stream, rules: frozenset[str] = frozenset()) -> Con
         kv_cache_groups=() if c.kv_cache_groups is None else group_specs(c),
         max_loras=c.max_loras, encoder_compute_budget=c.encoder_compute_budget,
         encoder_cache_size=c.encoder_cache_size, max_tokens_by_modality=modalities(stream),
-        disable_chunked_mm_input=c.disable_chunked_mm_input)
+        disable_chunked_mm_input=c.disable_chunked_mm_input,
+        enable_kv_cache_events=c.kv_cache_events)
 
 
 def modalities(stream: Stream) -> tuple[tuple[str, int], ...]:
@@ -101,6 +103,7 @@ class ReferenceEngine:
         self.rows: dict[str, int] = {}
         self.workers = [WorkerBlockTable(spec.block_size, worker_width(spec, stream.config))
                         for spec in self.config.groups]
+        self.hash_numbers = HashNumbers()
 
     def reset_prefix_cache(self) -> bool:
         return self.sched.reset_prefix_cache()
@@ -139,12 +142,13 @@ class ReferenceEngine:
                           d.new_block_ids, d.num_computed_tokens)
                    for d in out.scheduled_cached_reqs]
         reqs = self.requests
-        return to_scheduled(
+        scheduled = to_scheduled(
             handed, out.num_scheduled_tokens.items(), out.scheduled_spec_decode_tokens,
             out.finished_req_ids, before, self.recorder.observed, self.workers, self.rows,
             lambda rid: (reqs[rid].num_tokens, reqs[rid].num_output_tokens),
             out.grammar.batch_index, [(r.request_id, r.grammar_state) for r in out.grammar.rows],
             out.scheduled_encoder_inputs, out.free_encoder_mm_hashes)
+        return scheduled
 
     def update(self, scheduled: Scheduled, sampled: dict[str, list[int]]) -> None:
         self._stats = self.sched.update_from_output(self._last_output, sampled)
@@ -154,6 +158,10 @@ class ReferenceEngine:
         return stats_record(s.num_running_reqs, s.num_waiting_reqs, s.kv_cache_usage,
                             s.prefix_cache, s.spec_decoding,
                             preempted_apart=self.config.has("prefix_stats_split_preempted"))
+
+    def kv_events(self) -> list[dict]:
+        published, self.sched.published_kv_events = self.sched.published_kv_events, []
+        return kv_event_records(published, self.hash_numbers)
 
     def set_drafts(self, drafts: dict[str, list[int]]) -> None:
         self.sched.update_draft_token_ids(drafts)

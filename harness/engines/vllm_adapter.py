@@ -55,8 +55,9 @@ from concurrent.futures import Future  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import vllm  # noqa: E402
-from vllm.config import (CacheConfig, DeviceConfig, LoRAConfig, ModelConfig,  # noqa: E402
-                         SchedulerConfig, VllmConfig)
+from vllm.config import (CacheConfig, DeviceConfig, KVEventsConfig, LoRAConfig,  # noqa: E402
+                         ModelConfig, SchedulerConfig, VllmConfig)
+from vllm.distributed.kv_events import EventPublisher, EventPublisherFactory  # noqa: E402
 from vllm.lora.request import LoRARequest  # noqa: E402
 from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange  # noqa: E402
 from vllm.pooling_params import PoolingParams  # noqa: E402
@@ -74,8 +75,9 @@ from vllm.v1.structured_output.backend_types import StructuredOutputGrammar  # n
 from vllm.v1.worker.block_table import BlockTable  # noqa: E402
 
 from harness.engines import vllm_compat as compat  # noqa: E402
-from harness.engines.base import (NEW, RESUMED, RUNNING, Handed, Observed,  # noqa: E402
-                                  RequestState, Scheduled, stats_record, to_scheduled)
+from harness.engines.base import (NEW, RESUMED, RUNNING, Handed, HashNumbers,  # noqa: E402
+                                  Observed, RequestState, Scheduled, kv_event_records,
+                                  stats_record, to_scheduled)
 from harness.paths import MODELS_DIR  # noqa: E402
 from harness.stream import Config, RequestSpec, Stream, largest_mm_item, lora_ids  # noqa: E402
 from reference.arith import cdiv  # noqa: E402
@@ -182,6 +184,46 @@ class WorkerTable:
         return self.table.slot_mapping.np[:num_tokens].tolist()
 
 
+class EventRecorder(EventPublisher):
+    """An in-process KV event publisher: keeps the batches the scheduler publishes.
+
+    Registered with vLLM's ``EventPublisherFactory`` under :data:`PUBLISHER` and
+    chosen through ``KVEventsConfig(publisher=...)``, as a deployment chooses
+    ``zmq``; nothing leaves the process.
+    """
+
+    def __init__(self, data_parallel_rank: int = 0, **zmq_settings) -> None:
+        super().__init__(data_parallel_rank)
+        self.batches: list = []
+
+    def publish(self, events) -> None:
+        self.batches.append(events)
+
+    def take(self) -> list[list]:
+        """The events of each batch published since the last call."""
+        taken, self.batches = [b.events for b in self.batches], []
+        return taken
+
+    def shutdown(self) -> None:
+        pass
+
+
+PUBLISHER = "harness-recorder"
+try:
+    EventPublisherFactory.register_publisher(PUBLISHER, EventRecorder)
+except KeyError:  # registered already: this module was imported again
+    pass
+
+
+def kv_events_config() -> KVEventsConfig:
+    """KV cache events on, published to the :class:`EventRecorder`.  The publisher is named
+    after the config is built: from 0.11.1 the field only admits ``null`` and ``zmq``,
+    but the factory still looks the name up in its registry."""
+    config = KVEventsConfig(enable_kv_cache_events=True)
+    config.publisher = PUBLISHER
+    return config
+
+
 def model_config(name: str, max_model_len: int) -> ModelConfig:
     """vLLM's ModelConfig for a bundled config.json, built once per process, offline.
 
@@ -230,8 +272,9 @@ def build_scheduler(c: Config, largest_mm_item: int = 0) -> Scheduler:
                      **compat.cache_config_kwargs())
     cc.num_gpu_blocks = c.num_gpu_blocks
     lora = None if c.max_loras is None else LoRAConfig(max_loras=c.max_loras)
+    events = kv_events_config() if c.kv_cache_events else None
     vc = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc,
-                    device_config=DeviceConfig("cpu"), lora_config=lora)
+                    device_config=DeviceConfig("cpu"), lora_config=lora, kv_events_config=events)
     if c.num_speculative_tokens > 0:
         object.__setattr__(vc, "speculative_config",
                            SpeculativeStandIn(c.num_speculative_tokens, c.speculative_method))
@@ -315,6 +358,7 @@ class VllmEngine:
         self.row_ids: dict[int, str] = {}
         self.grammars: dict[str, tuple[Future, frozenset[int]]] = {}
         self.sched.structured_output_manager.backend = BitmaskBackend()
+        self.hash_numbers = HashNumbers()
         self._install_hooks()
 
     # -- hooks -------------------------------------------------------------
@@ -416,13 +460,14 @@ class VllmEngine:
                    for i, rid in enumerate(cached.req_ids)]
         reqs = self.requests
         grammar_index, bitmask = compat.grammar_output(self.sched, out)
-        return to_scheduled(
+        scheduled = to_scheduled(
             handed, out.num_scheduled_tokens.items(), out.scheduled_spec_decode_tokens,
             out.finished_req_ids, before, self._observed, self.workers, self.rows,
             lambda rid: (reqs[rid].num_tokens, reqs[rid].num_output_tokens),
             grammar_index, [(self.row_ids[int(row)], int(state)) for row, state in bitmask],
             {rid: list(ids) for rid, ids in out.scheduled_encoder_inputs.items()},
             list(out.free_encoder_mm_hashes))
+        return scheduled
 
     def update(self, scheduled: Scheduled, sampled: dict[str, list[int]]) -> None:
         ids = [rid for rid, _ in scheduled.scheduled]
@@ -446,6 +491,12 @@ class VllmEngine:
         return stats_record(s.num_running_reqs, s.num_waiting_reqs, s.kv_cache_usage,
                             s.prefix_cache_stats, s.spec_decoding_stats,
                             preempted_apart=hasattr(s.prefix_cache_stats, "preempted_requests"))
+
+    def kv_events(self) -> list[dict]:
+        publisher = self.sched.kv_event_publisher
+        if not isinstance(publisher, EventRecorder):
+            return []
+        return kv_event_records(publisher.take(), self.hash_numbers)
 
     def set_drafts(self, drafts: dict[str, list[int]]) -> None:
         ids = list(drafts)

@@ -24,6 +24,7 @@ from reference import encoder_inputs as rencin
 from reference import group_managers as rgm
 from reference import kv_cache_coordinator as rkc
 from reference import kv_cache_manager as rkv
+from reference import kv_events as rkve
 from reference import kv_sizing as rkvs
 from reference import kv_sizing_hybrid as rkvh
 from reference import lora as rlora
@@ -174,6 +175,18 @@ def stats_caching(s) -> bool:
 
 def stats_drafts(s) -> bool:
     return stats(s) and drafts(s)
+
+
+def kv_events(s) -> bool:
+    return s.config.kv_cache_events and caching(s)
+
+
+def kv_events_lora(s) -> bool:
+    return kv_events(s) and lora(s)
+
+
+def kv_events_resets(s) -> bool:
+    return kv_events(s) and bool(s.reset_prefix_cache_steps)
 
 
 def grammar(s) -> bool:
@@ -952,6 +965,86 @@ def _empty_spec_stats_reported(self, spec_decoding):
     return _make_stats(self, spec_decoding)
 
 
+# -- KV cache events ---------------------------------------------------------------------
+
+KV_EVENTS = "vllm/distributed/kv_events.py"
+
+
+@mutant("kv_event_parent_dropped", "a stored run of pages names the hash of the page before "
+        "it in the request's table as its parent", BLOCK_POOL,
+        replaces=(rbp, "parent_hash"), applies=kv_events)
+def _no_parent(blocks, num_cached):
+    return None
+
+
+_evict_if_cached = rbp.BlockPool._evict_if_cached
+
+
+@mutant("kv_event_removal_not_sent", "a cached page handed out again is announced as removed",
+        BLOCK_POOL, replaces=(rbp.BlockPool, "_evict_if_cached"), applies=kv_events)
+def _silent_eviction(self, block):
+    queue, self.kv_events = self.kv_events, rbp.KVEventQueue(False)
+    try:
+        _evict_if_cached(self, block)
+    finally:
+        self.kv_events = queue
+
+
+_reset_pool = rbp.BlockPool.reset_prefix_cache
+
+
+@mutant("kv_event_clear_not_sent", "a prefix-cache reset is announced as AllBlocksCleared",
+        BLOCK_POOL, replaces=(rbp.BlockPool, "reset_prefix_cache"), applies=kv_events_resets)
+def _silent_reset(self):
+    done = _reset_pool(self)
+    if done and self.kv_events.enabled:
+        self.kv_events.pending.pop()
+    return done
+
+
+@mutant("kv_event_stored_per_page", "one BlockStored announces every page one indexing call "
+        "caches", BLOCK_POOL, replaces=(rbp.BlockPool, "cache_full_blocks"), applies=kv_events)
+def _one_event_per_page(self, block_hashes, blocks, num_cached, num_full, group_id=0,
+                        request=None, block_size=0):
+    for i in range(num_cached, num_full):
+        _cache_full_blocks(self, block_hashes, blocks, i, i + 1, group_id, request, block_size)
+
+
+@mutant("kv_event_tokens_from_first_page", "a BlockStored carries the tokens of the newly "
+        "cached pages only", BLOCK_POOL, replaces=(rbp.BlockPool, "cache_full_blocks"),
+        applies=kv_events)
+def _tokens_from_first_page(self, block_hashes, blocks, num_cached, num_full, group_id=0,
+                            request=None, block_size=0):
+    queued = len(self.kv_events.pending)
+    _cache_full_blocks(self, block_hashes, blocks, num_cached, num_full, group_id, request,
+                       block_size)
+    if len(self.kv_events.pending) > queued:
+        self.kv_events.pending[-1] = dataclasses.replace(
+            self.kv_events.pending[-1],
+            token_ids=tuple(request.all_token_ids[:num_full * block_size]))
+
+
+@mutant("kv_events_with_lora_run", "0.11.0 raises when it announces pages of a request with a "
+        "LoRA adapter", BLOCK_POOL, replaces=(rbp.BlockPool, "announced_adapter"),
+        quirk="KV_EVENTS_FAIL_WITH_LORA", applies=kv_events_lora)
+def _adapter_announced(self, request):
+    return request.lora_id
+
+
+_free_blocks = rbp.BlockPool.free_blocks
+
+
+@mutant("kv_event_removed_on_free", "freeing a cached page leaves it in the index: no event "
+        "until it is reused", BLOCK_POOL, replaces=(rbp.BlockPool, "free_blocks"),
+        applies=kv_events)
+def _removed_when_freed(self, ordered):
+    ordered = list(ordered)
+    _free_blocks(self, ordered)
+    for block in ordered:
+        if block.ref_cnt == 0 and block.block_hash is not None and not block.is_null:
+            self.kv_events.put(rkve.BlockRemoved((block.block_hash[0],)))
+
+
 # -- the rule changes of later releases (reference/releases.py) ---------------------------
 # Each mutant takes one rule change out of every release that has it.  The suite kills it
 # by replaying that release's recorded traces (side "release <version>": no vLLM needed).
@@ -966,6 +1059,7 @@ _CHANGE_MODULES = {
     "chunked_local_frees_last_cached_page": SINGLE_TYPE,
     "grammar_rows_in_grant_order": SCHEDULER,
     "prefix_stats_split_preempted": KV_CACHE_MANAGER,
+    "kv_events_name_the_adapter": BLOCK_POOL,
 }
 
 
@@ -982,6 +1076,7 @@ _CHANGE_APPLIES = {
     "chunked_local_frees_last_cached_page": chunked_local_caching,
     "grammar_rows_in_grant_order": grammar,
     "prefix_stats_split_preempted": stats,
+    "kv_events_name_the_adapter": kv_events_lora,
 }
 
 for _change in releases.CHANGES:
