@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness import counterexamples, model
-from harness.engines.base import Engine
+from harness.engines.base import Engine, TransferReports
 from harness.paths import write_atomic
 from harness.stream import Stream
 from harness.trace import ENGINE_FAILURE, Trace, optional_fields, step_record
@@ -93,6 +93,8 @@ def _loop(engine: Engine, stream: Stream, trace: Trace, limits: Limits) -> None:
         if r.structured_output is not None:
             grammars[r.structured_output.ready_step].append(r)
     optional = optional_fields(stream)
+    # The worker side of a scripted KV connector (stream config kv_role).
+    reports = TransferReports(stream) if stream.config.kv_role is not None else None
     drafts_left = {r.id: list(r.drafts) for r in stream.requests}
     arrived: list[str] = []
     reported_finished: set[str] = set()
@@ -118,10 +120,20 @@ def _loop(engine: Engine, stream: Stream, trace: Trace, limits: Limits) -> None:
             return
 
         scheduled = engine.schedule()
+        calls = engine.connector_calls() if reports else []
+        if reports:
+            reports.note(step, calls)
         emitted = model.sample(scheduled, by_id)
-        engine.update(scheduled, emitted)
+        recving, sending = reports.due(step) if reports else ([], [])
+        engine.update(scheduled, emitted, recving, sending)
         stats = engine.stats() if "stats" in optional else None
         kv_events = engine.kv_events() if "kv_events" in optional else None
+        kv_connector = None
+        if reports:
+            finished = engine.connector_calls()  # requests that finished in the update
+            reports.note(step, finished)
+            kv_connector = {"calls": calls + finished, "finished_recving": recving,
+                            "finished_sending": sending}
         if stream.speculative:
             # Like vLLM's model runner, the proposer answers for every request in
             # the batch: one that emitted gets its next scripted draft list, one
@@ -143,7 +155,7 @@ def _loop(engine: Engine, stream: Stream, trace: Trace, limits: Limits) -> None:
                 reported_finished.add(req_id)
         trace.steps.append(step_record(step, scheduled, emitted, states,
                                        engine.num_free_blocks(), reset, optional,
-                                       stats, kv_events))
+                                       stats, kv_events, kv_connector))
         step += 1
 
 

@@ -452,7 +452,8 @@ def streams(draw, config: dict[str, Any] | SearchStrategy | None = None,
             cut_earlier: bool = False,
             adapters: tuple[str, ...] = ("sql", "chat", "code", "math"),
             grammars: bool = False,
-            stats: bool = True, kv_events: bool = True) -> dict[str, Any]:
+            stats: bool = True, kv_events: bool = True,
+            kv_connector: bool = True) -> dict[str, Any]:
     """A valid stream dict: ``{"config": ..., "requests": [...]}``.
 
     ``config`` is a config dict, a strategy of config dicts, or None for
@@ -487,7 +488,9 @@ def streams(draw, config: dict[str, Any] | SearchStrategy | None = None,
       never holds, which some of its drafts do;
     * ``stats`` -- half of the streams keep scheduler stats (``log_stats``);
     * ``kv_events`` -- half of the streams with one KV cache group publish KV cache
-      events (``kv_cache_events``; vLLM has none with several).
+      events (``kv_cache_events``; vLLM has none with several);
+    * ``kv_connector`` -- a third of the streams with one KV cache group run a scripted
+      KV connector (``kv_role``); three requests in four then get a ``kv_transfer``.
 
     Shrinks towards: the shrunk config, ``min_requests`` requests arriving at
     step 0, fresh short prompts, the first stop mode in ``stop_modes``, and
@@ -550,7 +553,30 @@ def streams(draw, config: dict[str, Any] | SearchStrategy | None = None,
         data["config"] = {**data["config"], "log_stats": True}
     if kv_events and len(config.get("kv_cache_groups") or [None]) == 1 and draw(st.booleans()):
         data["config"] = {**data["config"], "kv_cache_events": True}
+    if kv_connector and len(config.get("kv_cache_groups") or [None]) == 1 and _one_in(draw, 3):
+        role = draw(st.sampled_from(["kv_both", "kv_consumer", "kv_producer"]))
+        data["config"] = {**data["config"], "kv_role": role}
+        for req in requests:
+            if draw(st.integers(0, 3)) > 0:  # shrinks to no transfer
+                req["kv_transfer"] = _draw_kv_transfer(draw, role, len(req["prompt"]))
     return data
+
+
+def _draw_kv_transfer(draw, role: str, prompt_len: int) -> dict[str, Any]:
+    """One request's part of the connector script for ``role``: a consumer loads (often
+    the whole prompt, often asynchronously), a producer keeps finished pages to send
+    them, kv_both may do either.  Shrinks towards nothing to load or send."""
+    t: dict[str, Any] = {}
+    if role != "kv_producer" and draw(st.booleans()):
+        t["external_tokens"] = draw(st.one_of(st.just(prompt_len), st.integers(0, prompt_len)))
+        if draw(st.booleans()):
+            t["load_async"] = True
+            t["load_steps"] = draw(st.integers(0, 3))
+        if _one_in(draw, 4):
+            t["unknown_lookups"] = draw(st.integers(1, 2))
+    if role != "kv_consumer" and draw(st.booleans()):
+        t["send_steps"] = draw(st.integers(1, 3))
+    return t
 
 
 def _draw_grammar(draw, req: dict[str, Any], arrival: int, vocab: int) -> dict[str, Any]:

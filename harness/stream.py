@@ -94,6 +94,10 @@ class Config:
     # enable_kv_cache_events, what KV-aware routers read): each step of the trace then
     # carries the events published that step.
     kv_cache_events: bool = False
+    # A KV connector (vLLM's KVTransferConfig) in this role: kv_producer (sends finished
+    # requests' pages), kv_consumer (loads prompts' pages) or kv_both; None: no connector.
+    # The connector is scripted per request (RequestSpec.kv_transfer).
+    kv_role: str | None = None
     model: str = "qwen2.5-0.5b"
     max_steps: int = 1000
 
@@ -124,9 +128,9 @@ class Config:
 OPTIONAL_CONFIG_FIELDS = {"kv_cache_groups": None, "max_loras": None,
                           "encoder_compute_budget": None, "encoder_cache_size": None,
                           "max_tokens_per_mm_item": None, "disable_chunked_mm_input": False,
-                          "log_stats": False, "kv_cache_events": False}
+                          "log_stats": False, "kv_cache_events": False, "kv_role": None}
 OPTIONAL_REQUEST_FIELDS = {"lora": None, "structured_output": None, "mm_inputs": (),
-                           "pooling": False}
+                           "pooling": False, "kv_transfer": None}
 
 
 def _without_absent(d: dict[str, Any], optional: dict[str, Any]) -> dict[str, Any]:
@@ -164,6 +168,30 @@ class StructuredOutput:
 
 
 @dataclass(frozen=True)
+class KVTransfer:
+    """What the scripted KV connector holds for one request (see docs/stream-format.md).
+
+    ``external_tokens``: the prompt's first tokens are held outside (by a prefill node,
+    an offload store); the connector offers those past the local prefix hit, all but
+    the request's last token unless the load is asynchronous.  ``load_async``: the
+    load runs in the background; the worker reports it done ``load_steps`` steps after
+    the step that started it (0: that step).  ``unknown_lookups``: the connector's
+    first answers are "cannot tell yet".  ``send_steps``: when the request finishes,
+    the connector keeps its pages to send them, reported done that many steps later;
+    None: the pages are freed at once.
+    """
+
+    external_tokens: int = 0
+    load_async: bool = False
+    load_steps: int = 0
+    unknown_lookups: int = 0
+    send_steps: int | None = None
+
+
+KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
+
+
+@dataclass(frozen=True)
 class RequestSpec:
     """One request with its scripted model output.
 
@@ -187,6 +215,7 @@ class RequestSpec:
     structured_output: StructuredOutput | None = None
     mm_inputs: tuple[MMInput, ...] = ()  # in prompt order
     pooling: bool = False  # an embedding: no sampling, finished once its prefill is done
+    kv_transfer: KVTransfer | None = None  # the scripted KV connector's part; needs kv_role
 
     @property
     def effective_max_tokens(self) -> int:
@@ -262,6 +291,8 @@ def _request_json(r: RequestSpec) -> dict[str, Any]:
         d["structured_output"] = r.structured_output.to_json()
     if r.mm_inputs:
         d["mm_inputs"] = [asdict(m) for m in r.mm_inputs]
+    if r.kv_transfer is not None:
+        d["kv_transfer"] = asdict(r.kv_transfer)
     return d
 
 
@@ -342,6 +373,7 @@ def _build(data: dict[str, Any], default_name: str) -> Stream:
         "drafts": tuple(tuple(d) for d in r.get("drafts", ())),
         "structured_output": _structured_output(r),
         "mm_inputs": tuple(MMInput(**m) for m in r.get("mm_inputs", ())),
+        "kv_transfer": None if r.get("kv_transfer") is None else KVTransfer(**r["kv_transfer"]),
     }) for r in data["requests"])
     config = dict(data.get("config", {}))
     if config.get("kv_cache_groups") is not None:
@@ -517,6 +549,9 @@ def _config_errors(c: Config) -> list[str]:
         errors.append("config.max_tokens_per_mm_item: must be <= max_num_batched_tokens when "
                       "disable_chunked_mm_input is true (vLLM refuses it at start-up)")
     errors += _group_errors(c)
+    if c.kv_role is not None and len(c.groups) > 1:
+        errors.append("config.kv_role: a KV connector needs a single KV cache group "
+                      "(vLLM 0.11.0's scheduler asserts it)")
     if c.kv_cache_events and len(c.groups) > 1:
         errors.append("config.kv_cache_events: needs a single KV cache group (vLLM 0.11.0 turns "
                       "its hybrid KV cache manager off when KV cache events are on)")
@@ -633,6 +668,7 @@ def _request_errors(s: Stream) -> list[str]:
             errors.append(f"{where}.lora: needs config.max_loras (vLLM refuses LoRA requests "
                           "when LoRA is not enabled)")
         errors += _structured_output_errors(r, where, c)
+        errors += _kv_transfer_errors(r, where, c)
         errors += _mm_input_errors(r, where, c)
     pooling = [r for r in s.requests if r.pooling]
     if pooling and len(pooling) < len(s.requests):
@@ -659,6 +695,25 @@ def _pooling_errors(r: RequestSpec, where: str) -> list[str]:
               "samples no token)"] if r.output else []
     errors += [f"{where}.{name}: a pooling request has no sampling parameters"
                for name, default in SAMPLING_FIELDS.items() if getattr(r, name) != default]
+    return errors
+
+
+def _kv_transfer_errors(r: RequestSpec, where: str, c: Config) -> list[str]:
+    t = r.kv_transfer
+    if t is None:
+        return []
+    if c.kv_role is None:
+        return [f"{where}.kv_transfer: needs config.kv_role (a KV connector)"]
+    errors = []
+    if t.external_tokens > len(r.prompt):
+        errors.append(f"{where}.kv_transfer.external_tokens: must be <= the prompt's length "
+                      f"({len(r.prompt)})")
+    if c.kv_role == "kv_producer" and (t.external_tokens or t.load_async):
+        errors.append(f"{where}.kv_transfer.external_tokens: a kv_producer loads nothing "
+                      "(use kv_consumer or kv_both)")
+    if c.kv_role == "kv_consumer" and t.send_steps is not None:
+        errors.append(f"{where}.kv_transfer.send_steps: a kv_consumer sends nothing "
+                      "(use kv_producer or kv_both)")
     return errors
 
 

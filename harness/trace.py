@@ -22,23 +22,26 @@ STEP_FIELDS = (
     "scheduled", "computed_before", "new_block_ids", "preempted", "finished", "prefix_hit_tokens",
     "spec_tokens", "emitted", "num_computed_tokens", "status", "free_blocks",
     "evicted", "slots", "prefix_cache_reset", "set_aside", "grammar_index", "bitmask_rows",
-    "encoder_inputs", "encoder_frees", "stats", "kv_events",
+    "encoder_inputs", "encoder_frees", "stats", "kv_events", "kv_connector",
 )
 
 
 #: Step fields that only streams using a feature carry (see optional_fields).
 OPTIONAL_STEP_FIELDS = frozenset({"set_aside", "grammar_index", "bitmask_rows",
-                                  "encoder_inputs", "encoder_frees", "stats", "kv_events"})
+                                  "encoder_inputs", "encoder_frees", "stats", "kv_events",
+                                  "kv_connector"})
 
 
 def optional_fields(stream: Stream) -> frozenset[str]:
     """The step fields only streams using a feature carry (so that the traces of streams
-    written before the feature keep their bytes): ``set_aside`` with LoRA adapters or
-    structured output, ``grammar_index`` and ``bitmask_rows`` with structured output,
+    written before the feature keep their bytes): ``set_aside`` with LoRA adapters,
+    structured output or a KV connector, ``grammar_index`` and ``bitmask_rows`` with structured output,
     ``encoder_inputs`` and ``encoder_frees`` with multimodal inputs, ``stats`` with
-    ``log_stats``, ``kv_events`` with ``kv_cache_events``."""
+    ``log_stats``, ``kv_events`` with ``kv_cache_events``, ``kv_connector`` with
+    ``kv_role``."""
     fields = set()
-    if any(r.lora is not None or r.structured_output is not None for r in stream.requests):
+    if stream.config.kv_role is not None or any(
+            r.lora is not None or r.structured_output is not None for r in stream.requests):
         fields.add("set_aside")
     if any(r.structured_output is not None for r in stream.requests):
         fields |= {"grammar_index", "bitmask_rows"}
@@ -48,6 +51,8 @@ def optional_fields(stream: Stream) -> frozenset[str]:
         fields.add("stats")
     if stream.config.kv_cache_events:
         fields.add("kv_events")
+    if stream.config.kv_role is not None:
+        fields.add("kv_connector")
     return frozenset(fields)
 
 
@@ -87,9 +92,11 @@ def step_record(step: int, s: Scheduled, emitted: dict[str, list[int]],
                 prefix_cache_reset: bool | None,
                 optional: frozenset[str] = frozenset(),
                 stats: dict[str, Any] | None = None,
-                kv_events: list[dict] | None = None) -> dict[str, Any]:
+                kv_events: list[dict] | None = None,
+                kv_connector: dict[str, Any] | None = None) -> dict[str, Any]:
     """One step of a trace, as plain JSON-able data (``optional``: see optional_fields;
-    ``stats`` and ``kv_events``: see harness.engines.base.Engine.stats and .kv_events)."""
+    ``stats`` and ``kv_events``: see harness.engines.base.Engine.stats and .kv_events;
+    ``kv_connector``: the connector's calls and the worker's transfer report)."""
     record = {
         "step": step,
         "scheduled": [[rid, n] for rid, n in s.scheduled],
@@ -111,7 +118,7 @@ def step_record(step: int, s: Scheduled, emitted: dict[str, list[int]],
              "bitmask_rows": [list(r) for r in s.bitmask_rows],
              "encoder_inputs": {rid: list(ids) for rid, ids in s.encoder_inputs.items()},
              "encoder_frees": list(s.encoder_frees), "stats": stats,
-             "kv_events": kv_events}
+             "kv_events": kv_events, "kv_connector": kv_connector}
     record.update((k, v) for k, v in extra.items() if k in optional)
     return record
 

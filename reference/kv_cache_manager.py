@@ -70,14 +70,16 @@ class KVCacheManager:
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        num_new_computed_tokens: int = 0,
                        new_computed_blocks: PerGroup | None = None,
-                       num_lookahead_tokens: int = 0) -> PerGroup | None:
+                       num_lookahead_tokens: int = 0,
+                       delay_caching: bool = False) -> PerGroup | None:
         """Give the request pages for its new tokens (per group); None when the pool is short.
 
         First the pages that fell out of a window are given back.  Slots are
         then needed for the computed tokens, the prefix hit, the new tokens and
         the lookahead, capped at ``max_model_len``; the groups' page counts are
         added up and compared with the free queue.  On success, pages that
-        became full are cached, up to the request's real tokens (never its drafts).
+        became full are cached, up to the request's real tokens (never its drafts) --
+        unless ``delay_caching``: a KV connector fills them later (``cache_blocks``).
         """
         if num_new_tokens == 0:
             raise ValueError("num_new_tokens must be greater than 0")
@@ -92,10 +94,15 @@ class KVCacheManager:
             self.pool.touch(block for hit in hits for block in hit)
         self.coordinator.save_hits(rid, hits)
         new_blocks = self.coordinator.grow(rid, num_slots)
-        if self.enable_caching:
+        if self.enable_caching and not delay_caching:
             self.coordinator.cache_blocks(request, min(num_computed + num_new_tokens,
                                                        request.num_tokens))
         return new_blocks
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Cache the request's pages that ``num_computed_tokens`` fill (a finished load)."""
+        if self.enable_caching:
+            self.coordinator.cache_blocks(request, num_computed_tokens)
 
     # -- release -------------------------------------------------------------------
 

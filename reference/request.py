@@ -19,6 +19,7 @@ class RequestStatus(enum.IntEnum):
 
     WAITING = 1
     WAITING_FOR_FSM = 2  # structured output: its grammar is still compiling
+    WAITING_FOR_REMOTE_KVS = 3  # a KV connector is still loading its pages
     RUNNING = 4
     PREEMPTED = 5
     FINISHED_STOPPED = 6

@@ -30,6 +30,7 @@ from reference.config import Config
 from reference.encoder_cache import EncoderCacheManager, encoder_budgets
 from reference.encoder_inputs import free_encoder_inputs, try_schedule_encoder_inputs
 from reference.kv_cache_manager import KVCacheManager, block_ids
+from reference.kv_connector import KVConnector, tokens_after_load
 from reference.kv_events import KVEvent
 from reference.lora import AdapterSlots
 from reference.output import CachedRequestData, NewRequestData, SchedulerOutput
@@ -66,9 +67,15 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, config: Config, emit: events.Listener = events.ignore):
+    def __init__(self, config: Config, emit: events.Listener = events.ignore,
+                 connector: KVConnector | None = None):
+        """``connector``: a KV connector's scheduler side (reference.kv_connector); none
+        by default."""
         self.config = config
         self.emit = emit
+        self.connector = connector
+        # Requests whose asynchronous load the worker reported done, not yet picked up.
+        self.finished_recving: set[str] = set()
         self.kv = KVCacheManager(config.num_blocks, config.block_size, config.max_model_len,
                                  config.enable_prefix_caching, config.use_eagle, emit,
                                  config.groups, config.has, config.enable_kv_cache_events)
@@ -113,10 +120,23 @@ class Scheduler:
             self._free_request(request)
 
     def _free_request(self, request: Request) -> None:
+        """A finished request lets go of its encoder outputs and its pages -- unless a KV
+        connector still sends the pages: then they go when the send is reported done."""
+        keep_pages = self.connector_keeps_pages(request)
         self.encoder_cache.free(request)
         self.finished_req_ids.add(request.request_id)
+        if not keep_pages:
+            self._free_pages(request)
+
+    def _free_pages(self, request: Request) -> None:
         self.kv.free(request)
         del self.requests[request.request_id]
+
+    def connector_keeps_pages(self, request: Request) -> bool:
+        if self.connector is None:
+            return False
+        (block_ids,) = self.kv.get_block_ids(request.request_id)
+        return self.connector.request_finished(request, block_ids)
 
     def reset_prefix_cache(self) -> bool:
         return self.kv.reset_prefix_cache()
@@ -287,28 +307,95 @@ class Scheduler:
             if not self.has_free_seat():
                 break
             request = self.waiting.peek()
-            if self.waits_for_grammar(request) or plan.adapters.turns_away(request):
+            if (self.waits_for_remote_kv(request) or self.waits_for_grammar(request)
+                    or plan.adapters.turns_away(request)):
                 self.set_aside(set_aside, self.waiting.pop())
                 continue
             hit, num_hit, num_computed = self._lookup_prefix(request)
-            num_new = self.waiting_grant(request, num_computed, plan)
-            if num_new is None:
-                if self.config.has("chunked_off_stops_at_first_misfit"):
-                    break  # 0.12.0 and later: the requests behind it wait too
+            external = self.external_hit(request, num_hit)
+            if external is None:  # the connector cannot tell yet
                 self.set_aside(set_aside, self.waiting.pop())
                 continue
-            assert num_new > 0
-            encode, num_new, encoder_budget = self.encoder_grant(request, num_computed,
-                                                                 num_new, plan)
-            if num_new == 0:
-                break  # its next item cannot be encoded now: the waiting part ends
-            if self.kv.allocate_slots(request, num_new, num_hit, hit,
-                                      self.admission_lookahead(request)) is None:
+            num_external, load_async = external
+            num_computed += num_external
+            encode, encoder_budget = [], plan.encoder_budget
+            if load_async:
+                num_new = 0  # pages for the loaded tokens only; nothing is computed now
+            else:
+                num_new = self.waiting_grant(request, num_computed, plan)
+                if num_new is None:
+                    if self.config.has("chunked_off_stops_at_first_misfit"):
+                        break  # 0.12.0 and later: the requests behind it wait too
+                    self.set_aside(set_aside, self.waiting.pop())
+                    continue
+                assert num_new > 0
+                encode, num_new, encoder_budget = self.encoder_grant(request, num_computed,
+                                                                     num_new, plan)
+                if num_new == 0:
+                    break  # its next item cannot be encoded now: the waiting part ends
+            new_blocks = self.kv.allocate_slots(request, num_new + num_external, num_hit, hit,
+                                                self.admission_lookahead(request),
+                                                delay_caching=load_async)
+            if new_blocks is None:
                 break  # a waiting request never preempts: it waits for pages
+            self.tell_connector_pages(request, hit, new_blocks, num_external)
+            if load_async:
+                request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+                self.set_aside(set_aside, self.waiting.pop())
+                continue
             self._admit(self.waiting.pop(), num_new, num_computed, plan)
             self._encode(request, encode, encoder_budget, plan)
         if len(set_aside):
             self.waiting.prepend_all(set_aside)
+
+    # -- a KV connector (reference.kv_connector) -------------------------------------------
+
+    def waits_for_remote_kv(self, request: Request) -> bool:
+        """A request whose load is not reported done is set aside; once it is, the request
+        takes the loaded tokens as computed and is considered like any other."""
+        if request.status != RequestStatus.WAITING_FOR_REMOTE_KVS:
+            return False
+        if request.request_id not in self.finished_recving:
+            return True
+        self._take_loaded_tokens(request)
+        request.status = RequestStatus.WAITING
+        return False
+
+    def _take_loaded_tokens(self, request: Request) -> None:
+        (block_ids,) = self.kv.get_block_ids(request.request_id)
+        computed = tokens_after_load(len(block_ids), self.config.block_size, request.num_tokens)
+        self.kv.cache_blocks(request, computed)
+        request.num_computed_tokens = computed
+        self.finished_recving.remove(request.request_id)
+
+    def external_hit(self, request: Request, num_hit: int) -> tuple[int, bool] | None:
+        """(tokens loadable from outside past the local hit, whether the load is async), or
+        None while the connector cannot tell.  Only a request with nothing computed asks."""
+        if self.connector is None or request.num_computed_tokens > 0:
+            return 0, False
+        num_external, load_async = self.connector.get_num_new_matched_tokens(request, num_hit)
+        if num_external is None:
+            return None
+        assert num_external > 0 or not load_async
+        return num_external, load_async
+
+    def tell_connector_pages(self, request: Request, hit, new_blocks, num_external: int) -> None:
+        """The connector learns the request's pages (hit pages first) right after they are
+        given, and how many of its tokens come from outside."""
+        if self.connector is not None:
+            pages = [b.block_id for b in hit[0]] if hit else []
+            pages += [b.block_id for b in new_blocks[0]]
+            self.connector.update_state_after_alloc(request, pages, num_external)
+
+    def take_transfers(self, finished_recving, finished_sending) -> None:
+        """The worker's report: loads done (the requests may run from the next step) and
+        sends done (the pages a finished request kept are freed now, in the report's order;
+        an id the scheduler no longer knows is ignored)."""
+        self.finished_recving.update(finished_recving)
+        for req_id in finished_sending:
+            request = self.requests.get(req_id)
+            if request is not None:
+                self._free_pages(request)
 
     def waits_for_grammar(self, request: Request) -> bool:
         """A request in WAITING_FOR_FSM is set aside until its grammar is ready; the
@@ -426,13 +513,14 @@ class Scheduler:
 
     # -- after the model ran -----------------------------------------------------------
 
-    def update_from_output(self, output: SchedulerOutput,
-                           sampled: dict[str, list[int]]) -> SchedulerStats:
+    def update_from_output(self, output: SchedulerOutput, sampled: dict[str, list[int]],
+                           finished_recving=(), finished_sending=()) -> SchedulerStats:
         """Take the sampled tokens: undo rejected drafts, append outputs, stop requests;
         then report the step's stats.
 
         ``sampled`` holds the requests the model answered for: the tokens sampled, or
         for a pooling request its pooled output (no token).  A partial prefill is absent.
+        ``finished_recving`` and ``finished_sending``: the worker's KV transfer report.
         """
         stopped_running, stopped_waiting = [], []
         spec_decoding = None
@@ -462,6 +550,8 @@ class Scheduler:
             self.running = [r for r in self.running if r not in gone]
         if stopped_waiting:
             self.waiting.remove_all(stopped_waiting)
+        if self.connector is not None:
+            self.take_transfers(finished_recving, finished_sending)
         return self.make_stats(spec_decoding)
 
     def make_stats(self, spec_decoding: SpecDecodingStats | None) -> SchedulerStats:

@@ -25,8 +25,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("stream", "mutants.rules"),
     # the engine interface, kept streams, vLLM's environment
     ("engines.base", "counterexamples", "engines.vllm_env"),
-    # the scripted model, traces, the reference engine, vLLM's moved API
-    ("model", "trace", "engines.reference_engine", "engines.vllm_compat"),
+    # the scripted model, traces, the reference engine, vLLM's moved API, the scripted
+    # KV connector inside vLLM
+    ("model", "trace", "engines.reference_engine", "engines.vllm_compat",
+     "engines.vllm_connector"),
     # the vLLM engine and its KV sizing; the step loop, the diff, the strategies
     ("engines.vllm_adapter", "engines.vllm_kv_sizing", "runner", "diff", "strategies"),
     # engines by name (and vLLM's sizing by model), vLLM's mutants

@@ -115,10 +115,12 @@ def test_contradictory_config_overrides_are_rejected():
 @settings(VALIDITY, max_examples=40)
 @given(data=S.streams(config=S.configs(num_speculative_tokens=2), shared_prefixes=False,
                       stop_modes=("script_end",), aborts=False, priorities=False,
-                      cache_salts=False, prompt_logprobs=False, resets=False, drafts=False))
+                      cache_salts=False, prompt_logprobs=False, resets=False, drafts=False,
+                      stats=False, kv_events=False, kv_connector=False))
 def test_knobs_switch_features_off(data):
     check_stream_dict(data)
     assert "reset_prefix_cache_steps" not in data
+    assert not {"log_stats", "kv_cache_events", "kv_role"} & set(data["config"])
     for r in data["requests"]:
         assert set(r) <= {"id", "prompt", "output", "arrival_step", "eos_token_id",
                           "stop_token_ids"}

@@ -487,8 +487,9 @@ def test_every_error_is_reported_at_once():
         'config.policy: must be "fcfs" or "priority"',
         "requests[0] (a).prompt: token ids must be >= 0",
         "requests[1] (b).extra: unknown field (allowed: abort_step, arrival_step, cache_salt, "
-        "drafts, eos_token_id, id, ignore_eos, lora, max_tokens, mm_inputs, output, pool"
-        "ing, priority, prompt, prompt_logprobs, stop_token_ids, structured_output)",
+        "drafts, eos_token_id, id, ignore_eos, kv_transfer, lora, max_tokens, mm_inputs, "
+        "output, pooling, priority, prompt, prompt_logprobs, stop_token_ids, "
+        "structured_output)",
         "requests[1] (b).output: must be a list of integers",
         "requests[2] (c).output: required field is missing",
         "requests[2] (c).prompt: required field is missing",
@@ -703,3 +704,36 @@ def test_pooling_without_drafts():
     rejects(stream(config={"num_speculative_tokens": 1},
                    requests=[req(output=[], pooling=True)]),
             r"^config\.num_speculative_tokens: must be 0 for pooling requests")
+
+
+# -- KV cache events and the KV connector ---------------------------------------------------
+
+HYBRID = [{"type": "full"}, {"type": "sliding_window", "sliding_window": 8}]
+
+
+def test_kv_events_and_connector_need_a_single_group():
+    rejects(stream(config={"kv_cache_events": True, "kv_cache_groups": HYBRID}),
+            r"^config\.kv_cache_events: needs a single KV cache group")
+    rejects(stream(config={"kv_role": "kv_both", "kv_cache_groups": HYBRID}),
+            r"^config\.kv_role: a KV connector needs a single KV cache group")
+    rejects(stream(config={"kv_role": "kv_sender"}), r"^config\.kv_role: ")
+
+
+def test_kv_transfer_rules():
+    rejects(stream(requests=[req(kv_transfer={"external_tokens": 1})]),
+            r"^requests\[0\] \(a\)\.kv_transfer: needs config\.kv_role")
+    rejects(stream(config={"kv_role": "kv_producer"},
+                   requests=[req(kv_transfer={"external_tokens": 1})]),
+            r"\.kv_transfer\.external_tokens: a kv_producer loads nothing")
+    rejects(stream(config={"kv_role": "kv_consumer"},
+                   requests=[req(kv_transfer={"send_steps": 1})]),
+            r"\.kv_transfer\.send_steps: a kv_consumer sends nothing")
+    rejects(stream(config={"kv_role": "kv_both"},
+                   requests=[req(prompt=[1, 2], kv_transfer={"external_tokens": 3})]),
+            r"\.kv_transfer\.external_tokens: must be <= the prompt's length \(2\)")
+    rejects(stream(config={"kv_role": "kv_both"},
+                   requests=[req(kv_transfer={"send_steps": 0})]),
+            r"\.kv_transfer\.send_steps: ")
+    parse_stream(stream(config={"kv_role": "kv_both"}, requests=[req(kv_transfer={
+        "external_tokens": 1, "load_async": True, "load_steps": 2, "unknown_lookups": 1,
+        "send_steps": 3})]))

@@ -85,8 +85,10 @@ class Engine(Protocol):
 
     def schedule(self) -> Scheduled: ...
 
-    def update(self, scheduled: Scheduled, sampled: dict[str, list[int]]) -> None:
-        """Feed the scripted model's tokens back (vLLM's update_from_output)."""
+    def update(self, scheduled: Scheduled, sampled: dict[str, list[int]],
+               finished_recving: list[str] = (), finished_sending: list[str] = ()) -> None:
+        """Feed the scripted model's tokens back (vLLM's update_from_output), with the
+        worker's KV transfer report (with kv_role)."""
 
     def stats(self) -> dict | None:
         """The scheduler stats the last update reported (with log_stats), as
@@ -95,6 +97,10 @@ class Engine(Protocol):
     def kv_events(self) -> list[dict]:
         """The KV cache events published during this step's schedule and update, in
         order, as :func:`kv_event_records` writes them (with kv_cache_events)."""
+
+    def connector_calls(self) -> list[list]:
+        """The calls the scheduler made to the KV connector since the last time asked, in
+        order, as :class:`ConnectorScript` logs them (with kv_role)."""
 
     def set_drafts(self, drafts: dict[str, list[int]]) -> None:
         """vLLM's update_draft_token_ids."""
@@ -296,3 +302,86 @@ def kv_event_record(event, number: HashNumbers) -> dict:
     if kind == "AllBlocksCleared":
         return {"type": kind}
     raise ValueError(f"unknown KV cache event {kind}")
+
+
+# -- the scripted KV connector -----------------------------------------------------------
+
+class ConnectorScript:
+    """The scripted KV connector's answers, one instance per engine run: both engines'
+    connectors ask it, so they answer alike (a request's ``kv_transfer`` says what).
+
+    * lookups: "cannot tell yet" (None) for the first ``unknown_lookups`` calls; then
+      the ``external_tokens`` past the local hit, at most all but the request's last
+      token (all of them when the load is asynchronous), asynchronous if the script
+      says so and there is anything to load;
+    * a finished request's pages are kept (to send them) when it has ``send_steps``.
+
+    Every call is logged as a list: ``["lookup", id, num_local_hit, tokens, async]``,
+    ``["alloc", id, block_ids, num_external_tokens]``, ``["finished", id, block_ids,
+    keeps_pages]``.
+    """
+
+    def __init__(self, stream: Stream) -> None:
+        self.transfers = {r.id: r.kv_transfer for r in stream.requests}
+        self.num_lookups: dict[str, int] = {}
+        self.calls: list[list] = []
+
+    def matched_tokens(self, req_id: str, num_tokens: int,
+                       num_local_hit: int) -> tuple[int | None, bool]:
+        t = self.transfers.get(req_id)
+        asked = self.num_lookups.get(req_id, 0)
+        self.num_lookups[req_id] = asked + 1
+        if t is None:
+            answer: tuple[int | None, bool] = (0, False)
+        elif asked < t.unknown_lookups:
+            answer = (None, False)
+        else:
+            offered = min(t.external_tokens, num_tokens if t.load_async else num_tokens - 1)
+            n = max(0, offered - num_local_hit)
+            answer = (n, t.load_async and n > 0)
+        self.calls.append(["lookup", req_id, num_local_hit, answer[0], answer[1]])
+        return answer
+
+    def allocated(self, req_id: str, block_ids: list[int], num_external: int) -> None:
+        self.calls.append(["alloc", req_id, list(block_ids), num_external])
+
+    def finished(self, req_id: str, block_ids: list[int]) -> bool:
+        t = self.transfers.get(req_id)
+        keeps = t is not None and t.send_steps is not None
+        self.calls.append(["finished", req_id, list(block_ids), keeps])
+        return keeps
+
+    def take_calls(self) -> list[list]:
+        calls, self.calls = self.calls, []
+        return calls
+
+
+class TransferReports:
+    """The worker side of the scripted connector: when it reports loads and sends done.
+
+    A load that starts in step ``s`` (an ``alloc`` with external tokens of a request
+    whose load is asynchronous) is reported in step ``s + load_steps``'s output; the
+    pages a finished request keeps, in step ``f + send_steps``'s output, ``f`` being
+    the step in which the connector was told of the finish.
+    """
+
+    def __init__(self, stream: Stream) -> None:
+        self.transfers = {r.id: r.kv_transfer for r in stream.requests}
+        self.recving: dict[int, list[str]] = {}
+        self.sending: dict[int, list[str]] = {}
+
+    def note(self, step: int, calls: list[list]) -> None:
+        for call in calls:
+            t = self.transfers.get(call[1])
+            if t is None:
+                continue
+            if call[0] == "alloc" and call[3] > 0 and t.load_async:
+                self.recving.setdefault(step + t.load_steps, []).append(call[1])
+            elif call[0] == "finished" and call[3]:
+                self.sending.setdefault(step + t.send_steps, []).append(call[1])
+
+    def due(self, step: int) -> tuple[list[str], list[str]]:
+        """(finished_recving, finished_sending) of this step's output, each sorted: vLLM's
+        worker reports sets, whose order the scheduler's frees follow (see the vLLM
+        engine's ``update``); the harness fixes it."""
+        return sorted(self.recving.pop(step, [])), sorted(self.sending.pop(step, []))

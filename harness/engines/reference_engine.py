@@ -14,9 +14,9 @@ from reference.scheduler import Scheduler
 from reference.slot_mapping import WorkerBlockTable
 from reference.structured_output import Grammar
 
-from harness.engines.base import (NEW, RESUMED, RUNNING, Handed, HashNumbers, Observed,
-                                  RequestState, Scheduled, kv_event_records, stats_record,
-                                  to_scheduled)
+from harness.engines.base import (NEW, RESUMED, RUNNING, ConnectorScript, Handed, HashNumbers,
+                                  Observed, RequestState, Scheduled, kv_event_records,
+                                  stats_record, to_scheduled)
 from harness.stream import RequestSpec, Stream, largest_mm_item, lora_ids
 from reference.arith import cdiv
 
@@ -81,6 +81,24 @@ class Recorder:
             seen.set_aside.append(event.request_id)
 
 
+class ScriptedConnector:
+    """The harness's connector script behind the reference's KV connector protocol
+    (reference.kv_connector.KVConnector)."""
+
+    def __init__(self, script: ConnectorScript) -> None:
+        self.script = script
+
+    def get_num_new_matched_tokens(self, request: Request, num_local_hit: int):
+        return self.script.matched_tokens(request.request_id, request.num_tokens, num_local_hit)
+
+    def update_state_after_alloc(self, request: Request, block_ids: list[int],
+                                 num_external_tokens: int) -> None:
+        self.script.allocated(request.request_id, block_ids, num_external_tokens)
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> bool:
+        return self.script.finished(request.request_id, block_ids)
+
+
 class ReferenceEngine:
     """The reference, stating the rules of one vLLM release (0.11.0 unless told)."""
 
@@ -98,7 +116,9 @@ class ReferenceEngine:
         self.config = reference_config(stream, self.rules)
         self.lora_ids = lora_ids(stream)
         self.recorder = Recorder()
-        self.sched = Scheduler(self.config, self.recorder)
+        self.script = ConnectorScript(stream) if stream.config.kv_role is not None else None
+        self.sched = Scheduler(self.config, self.recorder,
+                               ScriptedConnector(self.script) if self.script else None)
         self.requests: dict[str, Request] = {}
         self.rows: dict[str, int] = {}
         self.workers = [WorkerBlockTable(spec.block_size, worker_width(spec, stream.config))
@@ -150,8 +170,13 @@ class ReferenceEngine:
             out.scheduled_encoder_inputs, out.free_encoder_mm_hashes)
         return scheduled
 
-    def update(self, scheduled: Scheduled, sampled: dict[str, list[int]]) -> None:
-        self._stats = self.sched.update_from_output(self._last_output, sampled)
+    def update(self, scheduled: Scheduled, sampled: dict[str, list[int]],
+               finished_recving: list[str] = (), finished_sending: list[str] = ()) -> None:
+        self._stats = self.sched.update_from_output(self._last_output, sampled,
+                                                    finished_recving, finished_sending)
+
+    def connector_calls(self) -> list[list]:
+        return self.script.take_calls() if self.script else []
 
     def stats(self) -> dict | None:
         s = self._stats

@@ -55,8 +55,8 @@ from concurrent.futures import Future  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import vllm  # noqa: E402
-from vllm.config import (CacheConfig, DeviceConfig, KVEventsConfig, LoRAConfig,  # noqa: E402
-                         ModelConfig, SchedulerConfig, VllmConfig)
+from vllm.config import (CacheConfig, DeviceConfig, KVEventsConfig, KVTransferConfig,  # noqa: E402
+                         LoRAConfig, ModelConfig, SchedulerConfig, VllmConfig)
 from vllm.distributed.kv_events import EventPublisher, EventPublisherFactory  # noqa: E402
 from vllm.lora.request import LoRARequest  # noqa: E402
 from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange  # noqa: E402
@@ -68,16 +68,17 @@ from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import (ChunkedLocalAttentionSpec,  # noqa: E402
                                         FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
                                         MambaSpec, SlidingWindowSpec)
-from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
+from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 from vllm.v1.structured_output.backend_types import StructuredOutputGrammar  # noqa: E402
 from vllm.v1.worker.block_table import BlockTable  # noqa: E402
 
 from harness.engines import vllm_compat as compat  # noqa: E402
-from harness.engines.base import (NEW, RESUMED, RUNNING, Handed, HashNumbers,  # noqa: E402
-                                  Observed, RequestState, Scheduled, kv_event_records,
-                                  stats_record, to_scheduled)
+from harness.engines import vllm_connector  # noqa: E402
+from harness.engines.base import (NEW, RESUMED, RUNNING, ConnectorScript, Handed,  # noqa: E402
+                                  HashNumbers, Observed, RequestState, Scheduled,
+                                  kv_event_records, stats_record, to_scheduled)
 from harness.paths import MODELS_DIR  # noqa: E402
 from harness.stream import Config, RequestSpec, Stream, largest_mm_item, lora_ids  # noqa: E402
 from reference.arith import cdiv  # noqa: E402
@@ -256,7 +257,8 @@ class EncoderRegistry:
     get_max_tokens_per_item_by_nonzero_modality = get_max_tokens_per_item_by_modality
 
 
-def build_scheduler(c: Config, largest_mm_item: int = 0) -> Scheduler:
+def build_scheduler(c: Config, largest_mm_item: int = 0,
+                    connector_script: ConnectorScript | None = None) -> Scheduler:
     mc = model_config(c.model, c.max_model_len)
     sc = SchedulerConfig(
         disable_chunked_mm_input=c.disable_chunked_mm_input,
@@ -273,8 +275,16 @@ def build_scheduler(c: Config, largest_mm_item: int = 0) -> Scheduler:
     cc.num_gpu_blocks = c.num_gpu_blocks
     lora = None if c.max_loras is None else LoRAConfig(max_loras=c.max_loras)
     events = kv_events_config() if c.kv_cache_events else None
+    transfer = None
+    if connector_script is not None:
+        vllm_connector.SCRIPTS["engine"] = connector_script
+        transfer = KVTransferConfig(
+            kv_connector=vllm_connector.CONNECTOR, kv_role=c.kv_role,
+            kv_connector_module_path=vllm_connector.MODULE,
+            kv_connector_extra_config={"script": "engine"})
     vc = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc,
-                    device_config=DeviceConfig("cpu"), lora_config=lora, kv_events_config=events)
+                    device_config=DeviceConfig("cpu"), lora_config=lora, kv_events_config=events,
+                    kv_transfer_config=transfer)
     if c.num_speculative_tokens > 0:
         object.__setattr__(vc, "speculative_config",
                            SpeculativeStandIn(c.num_speculative_tokens, c.speculative_method))
@@ -342,7 +352,8 @@ class VllmEngine:
     def start(self, stream: Stream) -> None:
         c = stream.config
         self.config = c
-        self.sched = build_scheduler(c, largest_mm_item(stream))
+        self.script = ConnectorScript(stream) if c.kv_role is not None else None
+        self.sched = build_scheduler(c, largest_mm_item(stream), self.script)
         self.pooling = any(r.pooling for r in stream.requests)
         self._stats = None
         self.hasher = None
@@ -469,7 +480,8 @@ class VllmEngine:
             list(out.free_encoder_mm_hashes))
         return scheduled
 
-    def update(self, scheduled: Scheduled, sampled: dict[str, list[int]]) -> None:
+    def update(self, scheduled: Scheduled, sampled: dict[str, list[int]],
+               finished_recving: list[str] = (), finished_sending: list[str] = ()) -> None:
         ids = [rid for rid, _ in scheduled.scheduled]
         if self.pooling:  # a pooling runner samples nothing and pools finished prefills
             tokens, pooled = [], [POOLED if rid in sampled else None for rid in ids]
@@ -480,6 +492,14 @@ class VllmEngine:
             req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)},
             sampled_token_ids=tokens, logprobs=None, prompt_logprobs_dict={},
             pooler_output=pooled)
+        if self.script is not None:
+            # The worker's connector report.  vLLM's worker hands sets and the scheduler frees
+            # the pages of finished sends in the set's iteration order, which follows the
+            # string hash of the ids (random per process unless PYTHONHASHSEED is set); the
+            # harness hands the ids sorted, in lists, so that runs repeat.
+            output.kv_connector_output = KVConnectorOutput(
+                finished_sending=sorted(finished_sending) or None,
+                finished_recving=sorted(finished_recving) or None)
         outputs = self.sched.update_from_output(self._last_output, output)
         self._stats = next((o.scheduler_stats for o in outputs.values()
                             if o.scheduler_stats is not None), None)
@@ -491,6 +511,9 @@ class VllmEngine:
         return stats_record(s.num_running_reqs, s.num_waiting_reqs, s.kv_cache_usage,
                             s.prefix_cache_stats, s.spec_decoding_stats,
                             preempted_apart=hasattr(s.prefix_cache_stats, "preempted_requests"))
+
+    def connector_calls(self) -> list[list]:
+        return self.script.take_calls() if self.script else []
 
     def kv_events(self) -> list[dict]:
         publisher = self.sched.kv_event_publisher

@@ -189,6 +189,34 @@ def kv_events_resets(s) -> bool:
     return kv_events(s) and bool(s.reset_prefix_cache_steps)
 
 
+def connector(s) -> bool:
+    return s.config.kv_role is not None
+
+
+def _transfers(s):
+    return [r.kv_transfer for r in s.requests if r.kv_transfer is not None]
+
+
+def connector_loads(s) -> bool:
+    return connector(s) and any(t.external_tokens > 0 for t in _transfers(s))
+
+
+def connector_async(s) -> bool:
+    return connector(s) and any(t.external_tokens > 0 and t.load_async for t in _transfers(s))
+
+
+def connector_async_caching(s) -> bool:
+    return connector_async(s) and caching(s)
+
+
+def connector_unknown(s) -> bool:
+    return connector(s) and any(t.unknown_lookups > 0 for t in _transfers(s))
+
+
+def connector_sends(s) -> bool:
+    return connector(s) and any(t.send_steps is not None for t in _transfers(s))
+
+
 def grammar(s) -> bool:
     return any(r.structured_output is not None for r in s.requests)
 
@@ -1043,6 +1071,93 @@ def _removed_when_freed(self, ordered):
     for block in ordered:
         if block.ref_cnt == 0 and block.block_hash is not None and not block.is_null:
             self.kv_events.put(rkve.BlockRemoved((block.block_hash[0],)))
+
+
+# -- a KV connector ----------------------------------------------------------------------
+
+KV_CONNECTOR_BASE = "vllm/distributed/kv_transfer/kv_connector/v1/base.py"
+
+
+@mutant("remote_kv_not_awaited", "a request loading asynchronously waits until the worker "
+        "reports the load done", SCHEDULER, replaces=(rsched.Scheduler, "waits_for_remote_kv"),
+        applies=connector_async)
+def _load_taken_as_done(self, request):
+    if request.status != RequestStatus.WAITING_FOR_REMOTE_KVS:
+        return False
+    self.finished_recving.add(request.request_id)
+    self._take_loaded_tokens(request)
+    request.status = RequestStatus.WAITING
+    return False
+
+
+@mutant("loaded_last_token_not_recomputed", "after a load that covers every token, the last "
+        "one is computed again", SCHEDULER, replaces=(rsched, "tokens_after_load"),
+        applies=connector_async)
+def _every_loaded_token_kept(num_pages, block_size, num_tokens):
+    return min(num_pages * block_size, num_tokens)
+
+
+@mutant("connector_asked_after_load", "only a request with nothing computed asks the "
+        "connector", SCHEDULER, replaces=(rsched.Scheduler, "external_hit"),
+        applies=connector_async)
+def _asked_again(self, request, num_hit):
+    if self.connector is None:
+        return 0, False
+    num_external, load_async = self.connector.get_num_new_matched_tokens(request, num_hit)
+    if num_external is None:
+        return None
+    if request.num_computed_tokens > 0:
+        return num_external, False
+    return num_external, load_async
+
+
+@mutant("unknown_answer_taken_as_zero", "a connector that cannot tell yet sets the request "
+        "aside for the step", SCHEDULER, replaces=(rsched.Scheduler, "external_hit"),
+        applies=connector_unknown)
+def _unknown_as_nothing(self, request, num_hit):
+    answer = _external_hit(self, request, num_hit)
+    return (0, False) if answer is None else answer
+
+
+_external_hit = rsched.Scheduler.external_hit
+
+
+@mutant("kept_pages_freed_at_once", "a finished request's pages stay held while the "
+        "connector sends them", SCHEDULER, replaces=(rsched.Scheduler, "_free_request"),
+        applies=connector_sends)
+def _free_despite_sending(self, request):
+    self.connector_keeps_pages(request)
+    self.encoder_cache.free(request)
+    self.finished_req_ids.add(request.request_id)
+    self._free_pages(request)
+
+
+@mutant("send_report_ignored", "pages kept for sending are freed when the worker reports "
+        "the send done", SCHEDULER, replaces=(rsched.Scheduler, "take_transfers"),
+        applies=connector_sends)
+def _sends_never_done(self, finished_recving, finished_sending):
+    self.finished_recving.update(finished_recving)
+
+
+@mutant("connector_told_new_pages_only", "the connector is told the request's hit pages "
+        "and its new pages, hits first", SCHEDULER,
+        replaces=(rsched.Scheduler, "tell_connector_pages"), applies=connector)
+def _new_pages_only(self, request, hit, new_blocks, num_external):
+    if self.connector is not None:
+        self.connector.update_state_after_alloc(
+            request, [b.block_id for b in new_blocks[0]], num_external)
+
+
+@mutant("async_load_cached_at_once", "pages a load fills are cached when the load is done, "
+        "not when they are given", KV_CACHE_MANAGER,
+        replaces=(rkv.KVCacheManager, "allocate_slots"), applies=connector_async_caching)
+def _cache_before_load(self, request, num_new_tokens, num_new_computed_tokens=0,
+                       new_computed_blocks=None, num_lookahead_tokens=0, delay_caching=False):
+    return _allocate_slots(self, request, num_new_tokens, num_new_computed_tokens,
+                           new_computed_blocks, num_lookahead_tokens)
+
+
+_allocate_slots = rkv.KVCacheManager.allocate_slots
 
 
 # -- the rule changes of later releases (reference/releases.py) ---------------------------

@@ -1,0 +1,89 @@
+"""Unit tests of the scheduler's side of a KV connector in the reference (no vLLM needed)."""
+
+from __future__ import annotations
+
+from reference.config import Config
+from reference.kv_connector import tokens_after_load
+from reference.request import Request, RequestStatus
+from reference.scheduler import Scheduler
+
+
+class Connector:
+    """Answers from a table; remembers the calls."""
+
+    def __init__(self, answers: dict[str, list], keep: frozenset[str] = frozenset()):
+        self.answers = answers
+        self.keep = keep
+        self.calls: list[tuple] = []
+
+    def get_num_new_matched_tokens(self, request, num_local_hit):
+        queue = self.answers.get(request.request_id, [])
+        answer = queue.pop(0) if len(queue) > 1 else (queue[0] if queue else (0, False))
+        self.calls.append(("lookup", request.request_id, num_local_hit, answer))
+        return answer
+
+    def update_state_after_alloc(self, request, block_ids, num_external_tokens):
+        self.calls.append(("alloc", request.request_id, list(block_ids), num_external_tokens))
+
+    def request_finished(self, request, block_ids):
+        self.calls.append(("finished", request.request_id, list(block_ids)))
+        return request.request_id in self.keep
+
+
+def scheduler(connector: Connector, **kw) -> Scheduler:
+    base = dict(block_size=4, num_blocks=16, max_num_batched_tokens=64, max_num_seqs=4,
+                max_model_len=64)
+    base.update(kw)
+    return Scheduler(Config(**base), connector=connector)
+
+
+def request(rid: str, prompt, **kw) -> Request:
+    return Request(request_id=rid, prompt_token_ids=list(prompt), max_tokens=kw.pop("max_tokens", 4),
+                   arrival_time=0.0, hash_block_size=4, **kw)
+
+
+def test_tokens_after_load_cover_whole_pages_and_recompute_the_last():
+    assert tokens_after_load(3, 4, 10) == 9  # 12 slots cover all 10 tokens: the last again
+    assert tokens_after_load(2, 4, 10) == 8
+    assert tokens_after_load(1, 4, 2) == 1
+
+
+def test_async_load_waits_for_the_report_then_runs_from_the_loaded_tokens():
+    c = Connector({"a": [(10, True)]})
+    s = scheduler(c)
+    s.add_request(request("a", range(1, 11)))
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {}
+    assert s.requests["a"].status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    assert c.calls == [("lookup", "a", 0, (10, True)), ("alloc", "a", [1, 2, 3], 10)]
+    s.update_from_output(out, {})
+    assert s.schedule().num_scheduled_tokens == {}  # not reported yet: set aside again
+    s.update_from_output(s.schedule(), {}, finished_recving=["a"])
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {"a": 1}
+    assert s.requests["a"].num_computed_tokens == 10
+    assert len([call for call in c.calls if call[0] == "lookup"]) == 1  # never asked again
+
+
+def test_unknown_answer_sets_the_request_aside_and_looks_again():
+    c = Connector({"b": [(None, False), (2, False)]})
+    s = scheduler(c)
+    s.add_request(request("b", range(1, 7)))
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {}
+    s.update_from_output(out, {})
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {"b": 4}  # 6 tokens, 2 loaded
+    assert [call[0] for call in c.calls] == ["lookup", "lookup", "alloc"]
+
+
+def test_kept_pages_are_freed_when_the_send_is_reported():
+    c = Connector({}, keep=frozenset({"x"}))
+    s = scheduler(c, num_blocks=4)
+    s.add_request(request("x", range(1, 6), max_tokens=1))
+    out = s.schedule()
+    s.update_from_output(out, {"x": [9]})
+    assert s.kv.pool.num_free_blocks() == 1  # finished, pages kept
+    assert c.calls[-1] == ("finished", "x", [1, 2])
+    s.update_from_output(s.schedule(), {}, finished_sending=["x"])
+    assert s.kv.pool.num_free_blocks() == 3
