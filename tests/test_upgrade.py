@@ -139,3 +139,23 @@ def test_a_crash_the_old_release_had_too_is_the_same_not_could_not_run(tmp_path,
     assert [(r.name, r.outcome, r.conforms) for r in results] == [
         ("lora_slots_overfilled_after_a_skip", upgrade.SAME, True),
         ("sliding_window_null_page_cached", upgrade.SAME, True)]
+
+
+def test_an_unexplained_difference_is_named_by_its_first_field_against_the_release_rules():
+    """Not by its first difference from 0.11.0, which a known rule change may explain."""
+    import copy
+
+    from harness.runner import run
+    from harness.stream import parse_stream
+    from harness.upgrade import Checker
+
+    stream = parse_stream({"config": {"block_size": 4, "num_gpu_blocks": 16,
+                                      "max_num_batched_tokens": 16, "max_num_seqs": 4,
+                                      "max_model_len": 32},
+                           "requests": [{"id": "a", "prompt": [1, 2, 3, 4, 5], "output": [6, 7]}]})
+    checker = Checker("0.11.0")
+    target = run(checker.target, stream).to_json()
+    new, old = copy.deepcopy(target), copy.deepcopy(target)
+    new["steps"][1]["free_blocks"] += 1  # what no rule explains
+    old["steps"][0]["slots"] = {}  # 0.11.0 differs earlier, elsewhere
+    assert checker.cause_of(stream, new, old, target) == ("unexplained", "free_blocks")

@@ -8,6 +8,8 @@ Everything that imports ``vllm`` or ``torch`` lives in this package:
 * :mod:`harness.engines.vllm_adapter` -- vLLM's real scheduler, instrumented;
 * :mod:`harness.engines.vllm_kv_sizing` -- vLLM's start-up KV sizing, in plain values
   (:func:`vllm_kv_sizes`: bytes per token and per page of a model, for the seed table);
+* :mod:`harness.engines.vllm_connector` -- the scripted KV connector vLLM loads by
+  module path;
 * :mod:`harness.engines.vllm_mutants` -- patches of vLLM that stand in for an upgrade.
 
 An engine is built once per process (importing vLLM takes seconds) and reused
