@@ -186,7 +186,8 @@ def kv_events_lora(s) -> bool:
 
 
 def kv_events_resets(s) -> bool:
-    return kv_events(s) and bool(s.reset_prefix_cache_steps)
+    # A reset is announced with prefix caching off too.
+    return s.config.kv_cache_events and bool(s.reset_prefix_cache_steps)
 
 
 def connector(s) -> bool:
@@ -301,7 +302,7 @@ def _cache_with_drafts(self, request, num_tokens):
     num_full = min(num_tokens + len(request.spec_token_ids), len(tokens)) // self.block_size
     num_cached = self.num_cached_block[request.request_id]
     self.pool.cache_full_blocks(hashes, self.table(request.request_id), num_cached, num_full,
-                                self.group_id)
+                                self.group_id, request, self.block_size)
     self.num_cached_block[request.request_id] = max(num_full, num_cached)
 
 
@@ -430,10 +431,15 @@ _cache_full_blocks = rbp.BlockPool.cache_full_blocks
 @mutant("null_page_never_cached", "0.11.0 indexes a null page that took an uncached page's place",
         BLOCK_POOL, replaces=(rbp.BlockPool, "cache_full_blocks"), quirk="NULL_PAGE_CACHED",
         applies=sliding_drafts_caching)
-def _skip_null_pages(self, block_hashes, blocks, num_cached, num_full, group_id=0):
-    for block, block_hash in zip(blocks[num_cached:num_full], block_hashes[num_cached:]):
-        if not block.is_null:
-            _cache_full_blocks(self, [block_hash], [block], 0, 1, group_id)
+def _skip_null_pages(self, block_hashes, blocks, num_cached, num_full, group_id=0,
+                     request=None, block_size=0):
+    if not any(b.is_null for b in blocks[num_cached:num_full]):
+        return _cache_full_blocks(self, block_hashes, blocks, num_cached, num_full, group_id,
+                                  request, block_size)
+    for i in range(num_cached, num_full):
+        if not blocks[i].is_null:
+            _cache_full_blocks(self, block_hashes, blocks, i, i + 1, group_id, request,
+                               block_size)
 
 
 _get_cached_block = rbp.BlockPool.get_cached_block
@@ -1099,7 +1105,7 @@ def _every_loaded_token_kept(num_pages, block_size, num_tokens):
 
 @mutant("connector_asked_after_load", "only a request with nothing computed asks the "
         "connector", SCHEDULER, replaces=(rsched.Scheduler, "external_hit"),
-        applies=connector_async)
+        applies=connector)  # a loaded request, or 0.11.0's priority victim
 def _asked_again(self, request, num_hit):
     if self.connector is None:
         return 0, False
