@@ -1028,13 +1028,14 @@ def mm_streams(draw, **knobs: Any) -> dict[str, Any]:
     vLLM raises them to; one time in six left to the token budget), the model's
     largest item above the stream's one time in three, small token budgets so
     prompts are chunked across placeholders, ``disable_chunked_mm_input`` in a third
-    of the configs, tight pools so requests preempt each other.  ``knobs`` go to
-    :func:`streams`.
+    of the configs, drafts in a quarter (ngram or eagle), tight pools so requests
+    preempt each other.  ``knobs`` go to :func:`streams`.
     Shrinks towards: one 1-token image at the start, chunked multimodal input allowed.
     """
     config = draw(configs(max_model_len=st.integers(12, 40), budget=st.integers(2, 16),
                           max_num_seqs=st.integers(1, 4), spare_blocks=st.integers(0, 6),
-                          num_speculative_tokens=_rarely(st.integers(1, 3), st.just(0))))
+                          num_speculative_tokens=_rarely(st.integers(1, 3), st.just(0),
+                                                         one_in=4)))
     layout, end = [], 0
     for _ in range(draw(st.integers(1, 3))):
         offset = end + draw(st.integers(0, 6))
@@ -1078,13 +1079,16 @@ def encoder_pressure_streams(draw, **knobs: Any) -> dict[str, Any]:
     prefilled over several steps by token budgets of 2-8, encoder caches barely larger
     than the largest image, four different images, and pools with no spare page -- so
     images are evicted in order while others wait, and requests are preempted in the
-    middle of a placeholder.  ``disable_chunked_mm_input`` in half of the configs.
-    ``knobs`` go to :func:`streams`.
+    middle of a placeholder.  ``disable_chunked_mm_input`` in half of the configs, an
+    eagle drafter (which reads one placeholder position past the grant from 0.12.0)
+    in a third.  ``knobs`` go to :func:`streams`.
     Shrinks towards: 3-token images, the smallest cache and budget, two requests.
     """
     config = draw(configs(max_model_len=st.integers(24, 48), budget=st.integers(2, 8),
                           max_num_seqs=st.integers(3, 4), spare_blocks=st.just(0),
-                          enable_chunked_prefill=True, num_speculative_tokens=0))
+                          enable_chunked_prefill=True,
+                          num_speculative_tokens=_rarely(st.integers(1, 2), st.just(0), one_in=3),
+                          speculative_method="eagle"))
     largest = draw(st.integers(3, 8))
     config["encoder_compute_budget"] = largest + draw(st.integers(0, 4))
     config["encoder_cache_size"] = largest + draw(st.integers(0, 2))

@@ -68,6 +68,8 @@ def try_schedule_encoder_inputs(
     *,
     disable_chunked_mm_input: bool = False,
     is_encoder_decoder: bool = False,
+    lookahead: int = 0,
+    encode_ahead: bool = True,
 ) -> tuple[list[int], int, int]:
     """The items to encode this step, the tokens still granted, the budget left.
 
@@ -78,6 +80,16 @@ def try_schedule_encoder_inputs(
     decoder token: all its items sit at offset 0, and once any token is computed
     they are all done.  It does not look items up in the cache and does not
     skip repeated items, but it does take budget and room.
+
+    ``lookahead`` (from 0.12.0, one token with an eagle drafter: rule change
+    ``eagle_encoder_one_token_ahead``) is how far past the granted range the
+    request reads placeholders: the drafter runs one position ahead of the
+    target model, so an item starting just after the range is needed now, and
+    an item that cannot run cuts the grant that many tokens earlier.  The
+    whole-item check of ``disable_chunked_mm_input`` still looks at the range
+    itself.  Without ``encode_ahead`` (from 0.13.0: rule change
+    ``eagle_lookahead_item_waits``) such an item is looked up and must fit, but
+    is encoded only once the range itself reaches it.
     """
     items = request.encoder_inputs
     if num_new_tokens == 0 or not items:
@@ -88,7 +100,7 @@ def try_schedule_encoder_inputs(
     room_to_take = 0  # room of the items in to_encode, not allocated yet
     for i, item in enumerate(items):
         range_end = num_computed_tokens + num_new_tokens
-        if starts_after_range(item, range_end):
+        if starts_after_range(item, range_end + lookahead):
             break
         if is_encoder_decoder and num_computed_tokens > 0:
             assert item.offset == 0, "an encoder-decoder model's items start at 0"
@@ -105,8 +117,10 @@ def try_schedule_encoder_inputs(
             break
         if not cache.can_allocate(request, i, encoder_compute_budget, room_to_take):
             # No budget or no room: the encoder runs an item whole or not at all.
-            num_new_tokens = tokens_before(item, num_computed_tokens)
+            num_new_tokens = tokens_before(item, num_computed_tokens + lookahead)
             break
+        if not encode_ahead and starts_after_range(item, range_end):
+            continue  # no placeholder position of it is computed this step
         room_to_take += item.length
         encoder_compute_budget -= item.length
         hashes_to_encode.add(item.mm_hash)

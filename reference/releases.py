@@ -10,8 +10,8 @@ function shows both versions of it.
 
 Only behaviour the harness can observe is listed: what a stream decides
 (token counts, pages, preemptions, hits, stops).  Refactors, renamed
-internals and features the streams never turn on (async scheduling, KV
-connectors) are left out; ``harness/engines/vllm_compat.py`` follows
+internals and features the streams never turn on (async scheduling) are
+left out; ``harness/engines/vllm_compat.py`` follows
 the renamed internals.  One change is left out because no stream can show it:
 from 0.11.1 a running request's drafts are cleared once scheduled, but the
 proposer hands every scheduled request its next drafts before they are read
@@ -94,6 +94,21 @@ CHANGES: tuple[RuleChange, ...] = (
         "adapter's integer id.  (0.11.0 asks the adapter for an ``id`` it does not have "
         "and the engine raises AttributeError: quirks.KV_EVENTS_FAIL_WITH_LORA.)  Found by "
         "the first KV-event streams on 0.11.0."),
+    RuleChange(
+        "eagle_encoder_one_token_ahead", "0.12.0", "",
+        "Multimodal inputs with an eagle drafter: the drafter reads one position past "
+        "the granted range, so a placeholder that starts right after the range needs its "
+        "encoder output (or its cached output) this step, and an item that cannot be "
+        "encoded now cuts the grant one token earlier (to nothing when the request has "
+        "computed up to one token before it).  The whole-item cut of "
+        "disable_chunked_mm_input is not shifted.  Found by the 0.12.0 upgrade check."),
+    RuleChange(
+        "eagle_lookahead_item_waits", "0.13.0", "#30475",
+        "A placeholder needed only by the eagle drafter's look-ahead (it starts right "
+        "after the granted range) is still looked up in the encoder cache and must fit "
+        "the encoder budget and cache, but it is encoded only once the range reaches it: "
+        "the scheduler now encodes an item only when the range holds some of its "
+        "embeddings."),
 )
 
 _BY_NAME = {c.name: c for c in CHANGES}

@@ -224,7 +224,14 @@ class Scheduler:
             return [], num_new, plan.encoder_budget
         return try_schedule_encoder_inputs(
             request, num_computed, num_new, plan.encoder_budget, self.encoder_cache,
-            disable_chunked_mm_input=self.config.disable_chunked_mm_input)
+            disable_chunked_mm_input=self.config.disable_chunked_mm_input,
+            lookahead=self.drafter_reads_ahead(),
+            encode_ahead=not self.config.has("eagle_lookahead_item_waits"))
+
+    def drafter_reads_ahead(self) -> int:
+        """Placeholders an eagle drafter reads past the granted range: from 0.12.0 one,
+        since the drafter runs one position ahead of the target model."""
+        return int(self.config.use_eagle and self.config.has("eagle_encoder_one_token_ahead"))
 
     def _encode(self, request: Request, encode: list[int], encoder_budget: int,
                 plan: StepPlan) -> None:

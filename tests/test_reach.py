@@ -47,6 +47,8 @@ FIXTURE_SHOWS = {
                                          "connector_told_new_pages_only"],
     "kv_connector_pages_kept_for_sending": ["kept_pages_freed_at_once", "send_report_ignored"],
     "kv_events_with_lora": ["kv_events_with_lora_run", "kv_events_name_the_adapter_dropped"],
+    "mm_eagle_reads_one_token_ahead": ["eagle_encoder_one_token_ahead_dropped",
+                                       "eagle_lookahead_item_waits_dropped"],
     "mm_encoder_cache_evicts_oldest": ["encoder_outputs_not_shared", "encoder_evicts_newest"],
     "mm_encoder_cache_shared": ["encoder_outputs_not_shared"],
     "mm_encoder_output_let_go_after_placeholder": ["encoder_outputs_held_to_the_end"],

@@ -161,6 +161,10 @@ def encoder_and_caching(s) -> bool:
     return encoder(s) and caching(s)
 
 
+def encoder_eagle(s) -> bool:
+    return encoder(s) and eagle(s)
+
+
 def chunked_mm_off(s) -> bool:
     return encoder(s) and s.config.disable_chunked_mm_input
 
@@ -1181,6 +1185,8 @@ _CHANGE_MODULES = {
     "grammar_rows_in_grant_order": SCHEDULER,
     "prefix_stats_split_preempted": KV_CACHE_MANAGER,
     "kv_events_name_the_adapter": BLOCK_POOL,
+    "eagle_encoder_one_token_ahead": SCHEDULER,
+    "eagle_lookahead_item_waits": SCHEDULER,
 }
 
 
@@ -1198,6 +1204,8 @@ _CHANGE_APPLIES = {
     "grammar_rows_in_grant_order": grammar,
     "prefix_stats_split_preempted": stats,
     "kv_events_name_the_adapter": kv_events_lora,
+    "eagle_encoder_one_token_ahead": encoder_eagle,
+    "eagle_lookahead_item_waits": encoder_eagle,
 }
 
 for _change in releases.CHANGES:
