@@ -121,9 +121,19 @@ def cmd_trace(ns) -> int:
 
 def cmd_check(ns) -> int:
     from harness.conformance import check_streams
-    ok, total = check_streams(load_all(ns.streams), as_json=ns.json)
+    engines = [e.strip() for e in ns.engines.split(",") if e.strip()]
+    vllm_side = [e for e in ENGINE_NAMES if e != "reference"]
+    for e in engines:
+        if e not in vllm_side:
+            raise UsageError(f"--engines: {e!r} is not a vLLM engine ({', '.join(vllm_side)}); "
+                             "each is compared with the reference")
+    streams = load_all(ns.streams)
+    engines = engines or ["vllm"]
+    ok, total = check_streams(streams, as_json=ns.json, engines=engines)
     if not ns.json:
-        print(f"{ok} equal, {total - ok} different")
+        skipped = len(streams) * len(engines) - total
+        print(f"{ok} equal, {total - ok} different"
+              + (f", {skipped} not taken by an engine" if skipped else ""))
     return EXIT_OK if ok == total else EXIT_DIFF
 
 
@@ -240,6 +250,10 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="run vLLM and the reference, diff step by step")
     c.add_argument("streams", nargs="+")
     c.add_argument("--json", action="store_true", help="one JSON object per stream on stdout")
+    c.add_argument("--engines", default="vllm",
+                   help="the vLLM engines to compare with the reference, comma-separated: "
+                        "vllm (the harness's step loop), vllm-core (vLLM's EngineCore); "
+                        "default vllm")
     c.set_defaults(func=cmd_check)
 
     tb = sub.add_parser("table", help="per-step table of one stream")

@@ -119,9 +119,10 @@ class Checked:
         }
 
 
-def check_one(stream: Stream, quiet: bool = False) -> Checked:
-    """Both engines on one stream; a failing stream is kept for replay."""
-    c = compare(stream)
+def check_one(stream: Stream, quiet: bool = False, engine: str = "vllm") -> Checked:
+    """A vLLM engine (``vllm`` or ``vllm-core``) and the reference on one stream; a failing
+    stream is kept for replay."""
+    c = compare(stream, vllm=get_engine(engine))
     lines, saved = [], []
     for t, line in zip(c.failures, c.failure_lines()):
         path = counterexamples.save(stream, counterexamples.unique_label(
@@ -142,16 +143,31 @@ def check_one(stream: Stream, quiet: bool = False) -> Checked:
     return Checked(stream, c, saved, "\n".join(lines))
 
 
-def check_streams(streams: Sequence[Stream], quiet: bool = False,
-                  as_json: bool = False) -> tuple[int, int]:
-    """Check each stream, printing as it goes (a report, or a JSON line); (equal, checked)."""
+def check_streams(streams: Sequence[Stream], quiet: bool = False, as_json: bool = False,
+                  engines: Sequence[str] = ("vllm",)) -> tuple[int, int]:
+    """Check each stream with each vLLM engine, printing as it goes (a report, or a JSON
+    line); (equal, checked).  A stream an engine does not take is said so and not
+    counted."""
     import json
-    ok = 0
+    ok = total = 0
     for stream in streams:
-        checked = check_one(stream, quiet)
-        ok += checked.equal
-        if as_json:
-            print(json.dumps(checked.to_json(), sort_keys=True), flush=True)
-        elif checked.text:
-            print(checked.text, flush=True)
-    return ok, len(streams)
+        for name in engines:
+            why = get_engine(name).refuses(stream)
+            label = "" if name == "vllm" else f" [{name}]"
+            if why is not None:
+                if as_json:
+                    print(json.dumps({"stream": stream.name, "engine": name, "skipped": why},
+                                     sort_keys=True), flush=True)
+                elif not quiet:
+                    print(f"{stream.name}{label}: not taken by {name}: {why}", flush=True)
+                continue
+            checked = check_one(stream, quiet, name)
+            ok += checked.equal
+            total += 1
+            if as_json:
+                print(json.dumps({**checked.to_json(), "engine": name}, sort_keys=True),
+                      flush=True)
+            elif checked.text:
+                print(checked.text.replace(f"{stream.name}:", f"{stream.name}{label}:", 1),
+                      flush=True)
+    return ok, total

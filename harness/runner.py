@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness import counterexamples, model
-from harness.engines.base import Engine, TransferReports
+from harness.engines.base import Engine, Scheduled, TransferReports
 from harness.paths import write_atomic
 from harness.stream import Stream
 from harness.trace import ENGINE_FAILURE, Trace, optional_fields, step_record
@@ -119,31 +119,16 @@ def _loop(engine: Engine, stream: Stream, trace: Trace, limits: Limits) -> None:
                              f"{engine.num_unfinished()} request(s) unfinished", verdict="max_steps")
             return
 
-        scheduled = engine.schedule()
-        calls = engine.connector_calls() if reports else []
-        if reports:
-            reports.note(step, calls)
-        emitted = model.sample(scheduled, by_id)
-        recving, sending = reports.due(step) if reports else ([], [])
-        engine.update(scheduled, emitted, recving, sending)
-        stats = engine.stats() if "stats" in optional else None
-        kv_events = engine.kv_events() if "kv_events" in optional else None
-        kv_connector = None
-        if reports:
-            finished = engine.connector_calls()  # requests that finished in the update
-            reports.note(step, finished)
-            kv_connector = {"calls": calls + finished, "finished_recving": recving,
-                            "finished_sending": sending}
-        if stream.speculative:
-            # Like vLLM's model runner, the proposer answers for every request in
-            # the batch: one that emitted gets its next scripted draft list, one
-            # that emitted nothing (a partial prefill) an empty list.
-            drafts = {}
-            for req_id, _ in scheduled.scheduled:
-                queue = drafts_left[req_id]
-                drafts[req_id] = list(queue.pop(0)) if req_id in emitted and queue else []
-            if drafts:
-                engine.set_drafts(drafts)
+        if engine.has_requests():
+            scheduled, emitted, stats, kv_events, kv_connector = _step(
+                engine, stream, step, by_id, optional, reports, drafts_left)
+        else:
+            # vLLM's engine idles: EngineCore.step neither schedules nor updates, so
+            # nothing is published or reported until a step runs again.
+            scheduled, emitted, stats = IDLE, {}, None
+            kv_events = [] if "kv_events" in optional else None
+            kv_connector = ({"calls": [], "finished_recving": [], "finished_sending": []}
+                            if reports else None)
 
         states = {}
         for req_id in arrived:
@@ -157,6 +142,41 @@ def _loop(engine: Engine, stream: Stream, trace: Trace, limits: Limits) -> None:
                                        engine.num_free_blocks(), reset, optional,
                                        stats, kv_events, kv_connector))
         step += 1
+
+
+#: What an idle step schedules: nothing.
+IDLE = Scheduled([], {}, [], [], {}, {}, {}, {}, {})
+
+
+def _step(engine: Engine, stream: Stream, step: int, by_id: dict, optional: frozenset[str],
+          reports: TransferReports | None, drafts_left: dict[str, list]):
+    """One step of vLLM's engine: schedule, the scripted model, update, drafts."""
+    scheduled = engine.schedule()
+    calls = engine.connector_calls() if reports else []
+    if reports:
+        reports.note(step, calls)
+    emitted = model.sample(scheduled, by_id)
+    recving, sending = reports.due(step) if reports else ([], [])
+    engine.update(scheduled, emitted, recving, sending)
+    stats = engine.stats() if "stats" in optional else None
+    kv_events = engine.kv_events() if "kv_events" in optional else None
+    kv_connector = None
+    if reports:
+        finished = engine.connector_calls()  # requests that finished in the update
+        reports.note(step, finished)
+        kv_connector = {"calls": calls + finished, "finished_recving": recving,
+                        "finished_sending": sending}
+    if stream.speculative:
+        # Like vLLM's model runner, the proposer answers for every request in
+        # the batch: one that emitted gets its next scripted draft list, one
+        # that emitted nothing (a partial prefill) an empty list.
+        drafts = {}
+        for req_id, _ in scheduled.scheduled:
+            queue = drafts_left[req_id]
+            drafts[req_id] = list(queue.pop(0)) if req_id in emitted and queue else []
+        if drafts:
+            engine.set_drafts(drafts)
+    return scheduled, emitted, stats, kv_events, kv_connector
 
 
 def trace_streams(engine: Engine, streams: list[Stream], output: Path | None) -> int:

@@ -109,6 +109,11 @@ class Scheduler:
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running)
 
+    def has_requests(self) -> bool:
+        """Anything for a step to do: unfinished requests, or finished ones the worker
+        has not been told of yet.  The engine does not step without them."""
+        return self.num_unfinished() > 0 or bool(self.finished_req_ids)
+
     def finish_requests(self, request_ids: list[str], status: RequestStatus) -> None:
         """Abort from outside; unknown or already finished ids are ignored."""
         found = [self.requests[r] for r in request_ids if r in self.requests]

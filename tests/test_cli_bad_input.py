@@ -91,3 +91,12 @@ def test_bad_input_never_imports_vllm(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.startswith("error: ")
+
+
+def test_cli_check_unknown_engine(tmp_path):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(stream()))
+    line = assert_bad_input(run_cli(["check", "--engines", "vllm,reference", str(good)],
+                                    cwd=tmp_path))
+    assert line.startswith("error: --engines: 'reference' is not a vLLM engine")
+    assert list(tmp_path.iterdir()) == [good]

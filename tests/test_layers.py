@@ -31,6 +31,8 @@ LAYERS: list[tuple[str, ...]] = [
      "engines.vllm_connector"),
     # the vLLM engine and its KV sizing; the step loop, the diff, the strategies
     ("engines.vllm_adapter", "engines.vllm_kv_sizing", "runner", "diff", "strategies"),
+    # vLLM's own engine loop over the vLLM engine's parts
+    ("engines.vllm_core",),
     # engines by name (and vLLM's sizing by model), vLLM's mutants
     ("engines", "engines.vllm_mutants"),
     # comparing engines, the KV sizing check, recorded traces, tables, the benchmark, the

@@ -6,6 +6,8 @@ Everything that imports ``vllm`` or ``torch`` lives in this package:
   of a scheduler output into the engine-neutral :class:`~harness.engines.base.Scheduled`;
 * :mod:`harness.engines.reference_engine` -- the clean-room reference (never imports vLLM);
 * :mod:`harness.engines.vllm_adapter` -- vLLM's real scheduler, instrumented;
+* :mod:`harness.engines.vllm_core` -- vLLM's real ``EngineCore`` over a scripted executor
+  (engine ``vllm-core``: vLLM's own step loop);
 * :mod:`harness.engines.vllm_kv_sizing` -- vLLM's start-up KV sizing, in plain values
   (:func:`vllm_kv_sizes`: bytes per token and per page of a model, for the seed table);
 * :mod:`harness.engines.vllm_connector` -- the scripted KV connector vLLM loads by
@@ -21,7 +23,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-ENGINE_NAMES = ("vllm", "reference")
+ENGINE_NAMES = ("vllm", "vllm-core", "reference")
 
 _BUILT: dict[str, object] = {}
 _KV_SIZING: dict[Path, object] = {}
@@ -51,6 +53,8 @@ def get_engine(name: str, release: str | None = None):
     if name not in _BUILT:
         if name == "vllm":
             _BUILT[name] = _vllm_engine()
+        elif name == "vllm-core":
+            _BUILT[name] = _vllm_core_engine()
         else:
             raise UnknownEngine(f"--engine: unknown engine {name!r} ({' or '.join(ENGINE_NAMES)})")
     return _BUILT[name]
@@ -86,6 +90,12 @@ def _vllm_engine():
     with _vllm_importable():
         from harness.engines.vllm_adapter import VllmEngine
     return VllmEngine()
+
+
+def _vllm_core_engine():
+    with _vllm_importable():
+        from harness.engines.vllm_core import VllmCoreEngine
+    return VllmCoreEngine()
 
 
 def vllm_sizing(model_dir: Path):

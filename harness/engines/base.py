@@ -72,6 +72,9 @@ class Engine(Protocol):
     def start(self, stream: Stream) -> None:
         """Build a fresh scheduler and cache for this stream's config."""
 
+    def refuses(self, stream: Stream) -> str | None:
+        """Why this engine does not take a valid stream, or None when it does."""
+
     def version(self) -> str:
         """The vLLM version this engine is (or mirrors)."""
 
@@ -82,6 +85,10 @@ class Engine(Protocol):
     def add(self, req: RequestSpec, arrival_index: int) -> None: ...
 
     def num_unfinished(self) -> int: ...
+
+    def has_requests(self) -> bool:
+        """vLLM's ``Scheduler.has_requests``: unfinished requests, or finished ones the
+        worker has not been told of.  Without them ``EngineCore.step`` does nothing."""
 
     def schedule(self) -> Scheduled: ...
 
@@ -381,7 +388,14 @@ class TransferReports:
                 self.sending.setdefault(step + t.send_steps, []).append(call[1])
 
     def due(self, step: int) -> tuple[list[str], list[str]]:
-        """(finished_recving, finished_sending) of this step's output, each sorted: vLLM's
-        worker reports sets, whose order the scheduler's frees follow (see the vLLM
-        engine's ``update``); the harness fixes it."""
-        return sorted(self.recving.pop(step, [])), sorted(self.sending.pop(step, []))
+        """(finished_recving, finished_sending) of this step's output: the transfers done
+        by this step and not reported yet (one done while the engine idled is reported
+        by the next step that runs the model), each sorted: vLLM's worker reports sets,
+        whose order the scheduler's frees follow (see the vLLM engine's ``update``); the
+        harness fixes it."""
+        return _take_due(self.recving, step), _take_due(self.sending, step)
+
+
+def _take_due(by_step: dict[int, list[str]], step: int) -> list[str]:
+    due = [s for s in by_step if s <= step]
+    return sorted(rid for s in due for rid in by_step.pop(s))

@@ -151,6 +151,12 @@ class ReferenceEngine:
     def num_unfinished(self) -> int:
         return self.sched.num_unfinished()
 
+    def refuses(self, stream: Stream) -> str | None:
+        return None  # takes every valid stream
+
+    def has_requests(self) -> bool:
+        return self.sched.has_requests()
+
     def schedule(self) -> Scheduled:
         before = {rid: r.num_computed_tokens for rid, r in self.sched.requests.items()}
         self.recorder.clear()

@@ -153,6 +153,11 @@ class BitmaskBackend:
     def allocate_token_bitmask(self, max_num_seqs: int) -> torch.Tensor:
         return torch.full((max_num_seqs, 2), -1, dtype=torch.int32)
 
+    def compile_grammar(self, request_type, grammar_spec) -> None:
+        """EngineCore's ``grammar_init`` compiles at arrival; the harness replaces that
+        Future with its own, completed at the stream's ``ready_step``."""
+        return None
+
     def destroy(self) -> None:
         pass
 
@@ -259,6 +264,17 @@ class EncoderRegistry:
 
 def build_scheduler(c: Config, largest_mm_item: int = 0,
                     connector_script: ConnectorScript | None = None) -> Scheduler:
+    vc, encoder = build_vllm_config(c, largest_mm_item, connector_script)
+    return Scheduler(vllm_config=vc, kv_cache_config=kv_cache_config(c, vc),
+                     structured_output_manager=StructuredOutputManager(vc), log_stats=c.log_stats,
+                     **encoder, **compat.scheduler_kwargs(vc))
+
+
+def build_vllm_config(c: Config, largest_mm_item: int = 0,
+                      connector_script: ConnectorScript | None = None
+                      ) -> tuple[VllmConfig, dict]:
+    """vLLM's config for a stream, and the scheduler's multimodal registry stand-in
+    (as keyword arguments; none for a stream without an encoder)."""
     mc = model_config(c.model, c.max_model_len)
     sc = SchedulerConfig(
         disable_chunked_mm_input=c.disable_chunked_mm_input,
@@ -301,9 +317,7 @@ def build_scheduler(c: Config, largest_mm_item: int = 0,
             sc.max_num_encoder_input_tokens = c.encoder_compute_budget
         if c.encoder_cache_size is not None:
             sc.encoder_cache_size = c.encoder_cache_size
-    return Scheduler(vllm_config=vc, kv_cache_config=kv_cache_config(c, vc),
-                     structured_output_manager=StructuredOutputManager(vc), log_stats=c.log_stats,
-                     **encoder, **compat.scheduler_kwargs(vc))
+    return vc, encoder
 
 
 def kv_cache_config(c: Config, vc: VllmConfig) -> KVCacheConfig:
@@ -341,6 +355,35 @@ def kv_cache_config(c: Config, vc: VllmConfig) -> KVCacheConfig:
     return KVCacheConfig(num_blocks=c.num_gpu_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
 
 
+def sampling_params(spec: RequestSpec) -> SamplingParams | None:
+    """A request's SamplingParams as a client sends them (none for a pooling request)."""
+    if spec.pooling:
+        return None
+    so = spec.structured_output
+    return SamplingParams(
+        max_tokens=spec.effective_max_tokens, ignore_eos=spec.ignore_eos,
+        stop_token_ids=list(spec.stop_token_ids), prompt_logprobs=spec.prompt_logprobs,
+        structured_outputs=None if so is None else StructuredOutputsParams(json_object=True))
+
+
+def pooling_params(spec: RequestSpec) -> PoolingParams | None:
+    return PoolingParams(task="embed") if spec.pooling else None
+
+
+def mm_features(spec: RequestSpec) -> list[MultiModalFeatureSpec] | None:
+    """A request's images: placeholder range and content hash (no pixel data)."""
+    return [MultiModalFeatureSpec(
+        data=None, modality="image", identifier=m.hash,
+        mm_position=PlaceholderRange(offset=m.offset, length=m.length))
+        for m in spec.mm_inputs] or None
+
+
+def scheduler_stats(outputs) -> object | None:
+    """The SchedulerStats among ``update_from_output``'s EngineCoreOutputs, if any."""
+    return next((o.scheduler_stats for o in outputs.values()
+                 if o.scheduler_stats is not None), None)
+
+
 class VllmEngine:
     """vLLM 0.11.0's real Scheduler, KVCacheManager and BlockPool."""
 
@@ -353,7 +396,7 @@ class VllmEngine:
         c = stream.config
         self.config = c
         self.script = ConnectorScript(stream) if c.kv_role is not None else None
-        self.sched = build_scheduler(c, largest_mm_item(stream), self.script)
+        self.sched = self._build(stream)
         self.pooling = any(r.pooling for r in stream.requests)
         self._stats = None
         self.hasher = None
@@ -371,6 +414,9 @@ class VllmEngine:
         self.sched.structured_output_manager.backend = BitmaskBackend()
         self.hash_numbers = HashNumbers()
         self._install_hooks()
+
+    def _build(self, stream: Stream) -> Scheduler:
+        return build_scheduler(stream.config, largest_mm_item(stream), self.script)
 
     # -- hooks -------------------------------------------------------------
 
@@ -415,33 +461,38 @@ class VllmEngine:
         self.sched.finish_requests(req_id, RequestStatus.FINISHED_ABORTED)
 
     def add(self, spec: RequestSpec, arrival_index: int) -> None:
-        so = spec.structured_output
-        params = None if spec.pooling else SamplingParams(
-            max_tokens=spec.effective_max_tokens, ignore_eos=spec.ignore_eos,
-            stop_token_ids=list(spec.stop_token_ids), prompt_logprobs=spec.prompt_logprobs,
-            structured_outputs=None if so is None else StructuredOutputsParams(json_object=True))
-        pooling = PoolingParams(task="embed") if spec.pooling else None
-        lora = None if spec.lora is None else LoRARequest(
-            lora_name=spec.lora, lora_int_id=self.lora_ids[spec.lora],
-            lora_path=f"/nonexistent/lora/{spec.lora}")
+        params = sampling_params(spec)
         req = Request(
             request_id=spec.id, prompt_token_ids=list(spec.prompt), sampling_params=params,
-            pooling_params=pooling, **compat.request_eos_kwargs(params, spec.eos_token_id),
+            pooling_params=pooling_params(spec),
+            **compat.request_eos_kwargs(params, spec.eos_token_id),
             arrival_time=float(arrival_index), cache_salt=spec.cache_salt,
-            priority=spec.priority, lora_request=lora, block_hasher=self.hasher,
-            mm_features=[MultiModalFeatureSpec(
-                data=None, modality="image", identifier=m.hash,
-                mm_position=PlaceholderRange(offset=m.offset, length=m.length))
-                for m in spec.mm_inputs] or None,
-            **(compat.structured_output_request_kwargs(params) if so is not None else {}))
-        if so is not None:
-            compiling: Future = Future()
-            req.structured_output_request.grammar = compiling
-            self.grammars[spec.id] = (compiling, frozenset(so.rejected_tokens))
+            priority=spec.priority, lora_request=self.lora_request(spec),
+            block_hasher=self.hasher, mm_features=mm_features(spec),
+            **(compat.structured_output_request_kwargs(params)
+               if spec.structured_output is not None else {}))
+        if spec.structured_output is not None:
+            req.structured_output_request.grammar = self.grammar_future(spec)
+        self._admit(spec, arrival_index, req)
+        self.sched.add_request(req)
+
+    def lora_request(self, spec: RequestSpec) -> LoRARequest | None:
+        return None if spec.lora is None else LoRARequest(
+            lora_name=spec.lora, lora_int_id=self.lora_ids[spec.lora],
+            lora_path=f"/nonexistent/lora/{spec.lora}")
+
+    def grammar_future(self, spec: RequestSpec) -> Future:
+        """The request's grammar as vLLM's compiler hands it over: a Future, completed
+        with a :class:`ScriptedGrammar` at the stream's ready_step."""
+        compiling: Future = Future()
+        self.grammars[spec.id] = (compiling, frozenset(spec.structured_output.rejected_tokens))
+        return compiling
+
+    def _admit(self, spec: RequestSpec, arrival_index: int, req: Request) -> None:
+        """Keep the request for the trace."""
         self.requests[spec.id] = req
         self.rows[spec.id] = arrival_index
         self.row_ids[arrival_index] = spec.id
-        self.sched.add_request(req)
 
     def grammar_ready(self, req_id: str) -> None:
         grammar, rejected = self.grammars[req_id]
@@ -450,16 +501,31 @@ class VllmEngine:
     def num_unfinished(self) -> int:
         return self.sched.get_num_unfinished_requests()
 
+    def refuses(self, stream: Stream) -> str | None:
+        return None  # takes every valid stream
+
+    def has_requests(self) -> bool:
+        return self.sched.has_requests()
+
     def schedule(self) -> Scheduled:
-        before = {rid: r.num_computed_tokens for rid, r in self.sched.requests.items()}
+        return self.translate(self.observed_schedule(self.sched.schedule))
+
+    def observed_schedule(self, schedule):
+        """Run vLLM's ``schedule`` with the hooks watching; its SchedulerOutput."""
+        self._before = {rid: r.num_computed_tokens for rid, r in self.sched.requests.items()}
         self._observed = Observed()
         self._in_schedule = True
         try:
             with self._set_aside_queue():
-                out = self.sched.schedule()
+                out = schedule()
         finally:
             self._in_schedule = False
         self._last_output = out
+        return out
+
+    def translate(self, out) -> Scheduled:
+        """A SchedulerOutput as the worker receives it, in engine-neutral form."""
+        before = self._before
         handed = [Handed(d.req_id, NEW, [list(g) for g in d.block_ids], d.num_computed_tokens)
                   for d in out.scheduled_new_reqs]
         cached = out.scheduled_cached_reqs
@@ -482,6 +548,15 @@ class VllmEngine:
 
     def update(self, scheduled: Scheduled, sampled: dict[str, list[int]],
                finished_recving: list[str] = (), finished_sending: list[str] = ()) -> None:
+        output = self.runner_output(scheduled, sampled, finished_recving, finished_sending)
+        outputs = self.sched.update_from_output(self._last_output, output)
+        self._stats = scheduler_stats(outputs)
+
+    def runner_output(self, scheduled: Scheduled, sampled: dict[str, list[int]],
+                      finished_recving: list[str] = (), finished_sending: list[str] = ()
+                      ) -> ModelRunnerOutput:
+        """The model runner's answer to a step: the scripted model's tokens (or pooled
+        outputs) and the worker's KV transfer report."""
         ids = [rid for rid, _ in scheduled.scheduled]
         if self.pooling:  # a pooling runner samples nothing and pools finished prefills
             tokens, pooled = [], [POOLED if rid in sampled else None for rid in ids]
@@ -500,9 +575,7 @@ class VllmEngine:
             output.kv_connector_output = KVConnectorOutput(
                 finished_sending=sorted(finished_sending) or None,
                 finished_recving=sorted(finished_recving) or None)
-        outputs = self.sched.update_from_output(self._last_output, output)
-        self._stats = next((o.scheduler_stats for o in outputs.values()
-                            if o.scheduler_stats is not None), None)
+        return output
 
     def stats(self) -> dict | None:
         s = self._stats

@@ -1170,6 +1170,24 @@ def _cache_before_load(self, request, num_new_tokens, num_new_computed_tokens=0,
 _allocate_slots = rkv.KVCacheManager.allocate_slots
 
 
+# -- the engine loop (vllm/v1/engine/core.py) ----------------------------------------------
+ENGINE_CORE = "vllm/v1/engine/core.py"
+
+
+@mutant("engine_steps_while_idle", "EngineCore does not step without requests: an idle "
+        "step publishes no KV events and reports no stats", ENGINE_CORE,
+        replaces=(rsched.Scheduler, "has_requests"))
+def _always_busy(self):
+    return True
+
+
+@mutant("finished_told_only_with_work", "a step runs to tell the worker of finished "
+        "requests, with nothing else to do", ENGINE_CORE,
+        replaces=(rsched.Scheduler, "has_requests"))
+def _unfinished_only(self):
+    return self.num_unfinished() > 0
+
+
 # -- the rule changes of later releases (reference/releases.py) ---------------------------
 # Each mutant takes one rule change out of every release that has it.  The suite kills it
 # by replaying that release's recorded traces (side "release <version>": no vLLM needed).

@@ -1,0 +1,261 @@
+"""vLLM's own engine loop: the real ``EngineCore`` over a scripted executor.
+
+The ``vllm`` engine (:mod:`harness.engines.vllm_adapter`) drives vLLM's
+``Scheduler`` from the harness's step loop, which imitates
+``vllm/v1/engine/core.py``.  This engine, ``vllm-core``, lets vLLM's
+``EngineCore`` drive it instead, so that the claim "our loop calls the
+scheduler as vLLM's engine does" is checked rather than assumed:
+
+* start-up is ``EngineCore.__init__``: it asks the executor for the KV cache
+  specs and the free memory, sizes the pool with vLLM's own
+  ``get_kv_cache_configs`` and builds the scheduler, the structured-output
+  manager and the block hasher itself;
+* requests enter as ``EngineCoreRequest``\\ s through
+  ``preprocess_add_request`` and ``add_request``, aborts through
+  ``abort_requests``, prefix-cache resets through ``reset_prefix_cache``;
+* a step is ``step()`` then ``post_step()``, as ``EngineCoreProc``'s busy loop
+  calls them: ``schedule``, the executor's ``execute_model``,
+  ``update_from_output``, then the drafts from ``take_draft_token_ids``.
+
+:class:`ScriptedExecutor` is a real subclass of vLLM's ``Executor`` (EngineCore
+takes the class as ``executor_class``).  It runs no model: it reports one
+attention layer spec per model layer and free memory for exactly the stream's
+``num_gpu_blocks`` pages, from which vLLM computes the pool (checked), and
+answers ``execute_model`` with the scripted model's tokens
+(:mod:`harness.model`), the same function the step loop calls, so the two
+answers are compared every step.
+
+Streams this engine takes (:func:`unsupported`): one full-attention KV cache
+group, no KV connector, no images (EngineCore builds its scheduler with vLLM's
+multimodal registry, which has no encoder for the bundled text models).  Those
+are driven by the ``vllm`` engine only.
+"""
+
+from __future__ import annotations
+
+from harness.engines import vllm_env  # noqa: F401  (before vLLM is imported)
+
+from vllm.v1.engine import EngineCoreRequest  # noqa: E402
+from vllm.v1.engine.core import EngineCore  # noqa: E402
+from vllm.v1.executor.abstract import Executor  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: E402
+from vllm.v1.outputs import DraftTokenIds  # noqa: E402
+
+from harness import model  # noqa: E402
+from harness.engines import vllm_compat as compat  # noqa: E402
+from harness.engines.base import Scheduled  # noqa: E402
+from harness.engines.vllm_adapter import (VllmEngine, build_vllm_config,  # noqa: E402
+                                          mm_features, pooling_params, sampling_params,
+                                          scheduler_stats)
+from harness.stream import Stream  # noqa: E402
+
+#: The V1 scheduler's qualified name; 0.11.0's SchedulerConfig defaults to V0's,
+#: which EngineArgs replaces before EngineCore reads it.
+V1_SCHEDULER = "vllm.v1.core.sched.scheduler.Scheduler"
+
+
+def unsupported(stream: Stream) -> str | None:
+    """Why ``vllm-core`` does not take this stream, or None when it does."""
+    c = stream.config
+    if c.kv_cache_groups is not None:
+        return "hybrid KV cache groups (EngineCore groups the layers itself)"
+    if c.kv_role is not None:
+        return "a KV connector (the executor does not yet report transfers)"
+    if c.has_encoder:
+        return "images (EngineCore's scheduler asks vLLM's multimodal registry)"
+    return None
+
+
+class ScriptedExecutor(Executor):
+    """The worker side of one stream: KV specs and memory at start-up, the scripted
+    model's tokens per step, the scripted drafts after it.  EngineCore builds it
+    from the config alone; the engine that is starting is handed over in
+    :data:`_STARTING`."""
+
+    uses_ray = False
+    supports_pp = False
+
+    def _init_executor(self) -> None:
+        self.engine: VllmCoreEngine = _STARTING[0]
+        self.drafts: DraftTokenIds | None = None
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None, non_block=False):
+        return [None]  # initialize_cache and friends: no worker to tell
+
+    def check_health(self) -> None:
+        pass
+
+    def _layers(self) -> dict[str, FullAttentionSpec]:
+        mc, pc = self.vllm_config.model_config, self.vllm_config.parallel_config
+        spec = FullAttentionSpec(block_size=self.cache_config.block_size,
+                                 num_kv_heads=mc.get_num_kv_heads(pc),
+                                 head_size=mc.get_head_size(), dtype=mc.dtype)
+        return {f"layers.{i}": spec for i in range(mc.get_num_layers(pc))}
+
+    def get_kv_cache_specs(self):
+        return [self._layers()]
+
+    def determine_available_memory(self):
+        """Exactly the stream's pool: ``num_gpu_blocks`` pages in every layer."""
+        layers = self._layers()
+        page = next(iter(layers.values())).page_size_bytes
+        return [self.engine.config.num_gpu_blocks * page * len(layers)]
+
+    def initialize_from_config(self, kv_cache_configs) -> None:
+        self.kv_cache_configs = kv_cache_configs
+
+    @property
+    def max_concurrent_batches(self) -> int:
+        return 1
+
+    @property
+    def supported_tasks(self):
+        return ("generate", "embed")
+
+    def execute_model(self, scheduler_output, non_block: bool = False):
+        return self.engine.run_model(scheduler_output)
+
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        drafts, self.drafts = self.drafts, None
+        return drafts
+
+    def execute_dummy_batch(self) -> None:
+        pass
+
+    def profile(self, is_start: bool = True) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+
+class GrammarCompiler:
+    """Stands in for the structured-output manager's compile thread pool (vLLM builds
+    it with the tokenizer, which is not available offline): ``grammar_init`` submits
+    a request's grammar and gets the harness's Future, completed at the stream's
+    ``ready_step``."""
+
+    def __init__(self, engine: VllmCoreEngine) -> None:
+        self.engine = engine
+
+    def submit(self, compile_grammar, request):
+        return self.engine.grammar_future(self.engine.by_id[request.request_id])
+
+
+#: The engine whose EngineCore is being built (read by ScriptedExecutor._init_executor).
+_STARTING: list = [None]
+
+
+class VllmCoreEngine(VllmEngine):
+    """vLLM 0.11.0's EngineCore, stepped as EngineCoreProc steps it."""
+
+    name = "vllm-core"
+
+    def refuses(self, stream: Stream) -> str | None:
+        return unsupported(stream)
+
+    def start(self, stream: Stream) -> None:
+        why = unsupported(stream)
+        if why is not None:
+            raise ValueError(f"the vllm-core engine does not take this stream: {why}")
+        self.by_id = {r.id: r for r in stream.requests}
+        super().start(stream)
+
+    def _build(self, stream: Stream):
+        c = stream.config
+        vc, _ = build_vllm_config(c)
+        vc.scheduler_config.scheduler_cls = V1_SCHEDULER
+        # EngineCore checks the pool against the model config's max_model_len, which a
+        # server sets from --max-model-len; the model config is shared by the streams.
+        mc = vc.model_config
+        model_max, mc.max_model_len = mc.max_model_len, c.max_model_len
+        _STARTING[0] = self
+        try:
+            self.core = EngineCore(vllm_config=vc, executor_class=ScriptedExecutor,
+                                   log_stats=c.log_stats)
+        finally:
+            _STARTING[0] = None
+            mc.max_model_len = model_max
+        self.core.structured_output_manager.executor = GrammarCompiler(self)
+        pool = self.core.scheduler.kv_cache_manager.block_pool
+        if pool.num_gpu_blocks != c.num_gpu_blocks:
+            raise RuntimeError(f"EngineCore sized the pool at {pool.num_gpu_blocks} pages, "
+                               f"the stream asks for {c.num_gpu_blocks}")
+        sched = self.core.scheduler
+        real_schedule, real_reset = sched.schedule, sched.reset_prefix_cache
+        sched.schedule = lambda: self.observed_schedule(real_schedule)
+        # EngineCore.reset_prefix_cache drops the scheduler's answer; the trace keeps it.
+        sched.reset_prefix_cache = lambda: self._reset_answers.append(real_reset()) or \
+            self._reset_answers[-1]
+        self._reset_answers: list[bool] = []
+        self._executed = False
+        self._post_step_due = False
+        self._scheduled: Scheduled | None = None
+        self._sampled: dict[str, list[int]] | None = None
+        return sched
+
+    # -- the executor's side -----------------------------------------------------------
+
+    def run_model(self, scheduler_output):
+        """``execute_model``: the scripted model's answer to what was scheduled."""
+        self._scheduled = self.translate(scheduler_output)
+        self._sampled = model.sample(self._scheduled, self.by_id)
+        return self.runner_output(self._scheduled, self._sampled)
+
+    # -- the engine interface ------------------------------------------------------------
+
+    def add(self, spec, arrival_index: int) -> None:
+        params = sampling_params(spec)
+        request = EngineCoreRequest(
+            request_id=spec.id, prompt_token_ids=list(spec.prompt),
+            mm_features=mm_features(spec), sampling_params=params,
+            pooling_params=pooling_params(spec), arrival_time=float(arrival_index),
+            lora_request=self.lora_request(spec), cache_salt=spec.cache_salt,
+            data_parallel_rank=None, priority=spec.priority,
+            **compat.request_eos_kwargs(params, spec.eos_token_id))
+        req, wave = self.core.preprocess_add_request(request)
+        self._admit(spec, arrival_index, req)
+        self.core.add_request(req, wave)
+
+    def abort(self, req_id: str) -> None:
+        self.core.abort_requests([req_id])
+
+    def reset_prefix_cache(self) -> bool:
+        self.core.reset_prefix_cache()
+        return bool(self._reset_answers.pop())
+
+    def schedule(self) -> Scheduled:
+        """One ``step()``: schedule, execute, update.  A step with no request left in
+        the scheduler does not schedule at all (EngineCore returns at once)."""
+        self._finish_step()
+        self._scheduled, self._sampled = None, None
+        outputs, self._executed = self.core.step_fn()
+        self._post_step_due = True
+        self._stats = scheduler_stats(outputs)
+        if self._scheduled is None:
+            return Scheduled([], {}, [], [], {}, {}, {}, {}, {})
+        return self._scheduled
+
+    def update(self, scheduled: Scheduled, sampled: dict[str, list[int]],
+               finished_recving=(), finished_sending=()) -> None:
+        """Done inside ``step()`` already; the step loop's model must have said what the
+        executor said."""
+        if sampled != (self._sampled or {}):
+            raise RuntimeError(f"the step loop's model sampled {sampled}, "
+                               f"the executor {self._sampled}")
+
+    def set_drafts(self, drafts: dict[str, list[int]]) -> None:
+        ids = list(drafts)
+        self.core.model_executor.drafts = DraftTokenIds(
+            req_ids=ids, draft_token_ids=[list(drafts[r]) for r in ids])
+        self._finish_step()
+
+    def _finish_step(self) -> None:
+        """``post_step``, once per step, after the drafts are known."""
+        if self._post_step_due:
+            self._post_step_due = False
+            self.core.post_step(self._executed)
+
+    def shutdown(self) -> None:
+        self._finish_step()
+        self.core.shutdown()

@@ -1,0 +1,82 @@
+"""vLLM's own engine loop (engine ``vllm-core``: the real EngineCore over a scripted executor)
+against the real vLLM scheduler driven by the harness's step loop.
+
+The two engines share vLLM's scheduler and KV cache manager and the scripted model; they
+differ in who steps them: the harness's ``runner`` or vLLM's ``EngineCore`` (start-up
+sizing, ``preprocess_add_request``, ``abort_requests``, ``step``/``post_step``).  Equal
+traces on every stream mean the harness's loop calls the scheduler as vLLM's engine does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+
+from harness import strategies as st
+from harness.diff import first_divergence
+from harness.golden import read_trace
+from harness.paths import golden_dir
+from harness.runner import run
+from harness.stream import load_stream, parse_stream
+from tests.stream_builders import stream as stream_dict
+
+pytestmark = [pytest.mark.needs_vllm]
+
+STREAMS = Path(__file__).resolve().parent.parent / "fixtures" / "streams"
+STREAM_FILES = sorted(STREAMS.glob("*.json"))
+
+
+@pytest.fixture(scope="session")
+def core_engine(vllm_engine):
+    from harness.engines import get_engine
+    return get_engine("vllm-core")
+
+
+@pytest.mark.parametrize("path", STREAM_FILES, ids=[p.stem for p in STREAM_FILES])
+def test_conformance_vllm_core_gives_the_recorded_trace(core_engine, path):
+    """Each bundled stream vllm-core takes: EngineCore's trace is the one recorded from the
+    real vLLM (its steps, verdict and failure)."""
+    stream = load_stream(path)
+    why = core_engine.refuses(stream)
+    if why is not None:
+        pytest.skip(f"vllm-core does not take this stream: {why}")
+    recorded = read_trace(golden_dir(core_engine.version()) / f"{path.stem}.json")
+    trace = run(core_engine, stream).to_json()
+    assert first_divergence(recorded, trace) is None
+    assert (trace["verdict"], trace["failure"]) == (recorded["verdict"], recorded["failure"])
+
+
+@settings(max_examples=settings().max_examples // 4, deadline=None,
+          suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+@given(st.any_stream())
+def test_conformance_vllm_core_equals_the_step_loop(core_engine, vllm_engine, data):
+    """Generated streams (those vllm-core takes; a quarter of the profile's examples, as
+    each runs vLLM twice): EngineCore's loop and the harness's give the same trace."""
+    stream = parse_stream(data)
+    assume(core_engine.refuses(stream) is None)
+    ours, theirs = run(vllm_engine, stream).to_json(), run(core_engine, stream).to_json()
+    assert first_divergence(ours, theirs) is None
+    assert (ours["verdict"], ours["failure"]) == (theirs["verdict"], theirs["failure"])
+
+
+def test_streams_vllm_core_does_not_take_are_refused_with_the_reason(core_engine):
+    hybrid = parse_stream(stream_dict({"kv_cache_groups": [
+        {"type": "full"}, {"type": "sliding_window", "sliding_window": 8}]}))
+    assert "hybrid" in core_engine.refuses(hybrid)
+    with pytest.raises(ValueError, match="vllm-core engine does not take this stream: hybrid"):
+        core_engine.start(hybrid)
+    assert core_engine.refuses(parse_stream(stream_dict())) is None
+
+
+def test_engine_core_sizes_the_pool_of_the_stream(core_engine):
+    """EngineCore's own start-up sizing, from the memory the executor reports, gives the
+    stream's pool, down to the smallest vLLM starts with (one max_model_len request)."""
+    for blocks in (12, 40):
+        stream = parse_stream(stream_dict({"num_gpu_blocks": blocks, "max_model_len": 48}))
+        core_engine.start(stream)
+        pool = core_engine.core.scheduler.kv_cache_manager.block_pool
+        assert pool.num_gpu_blocks == blocks
+        assert core_engine.core.vllm_config.cache_config.num_gpu_blocks == blocks
+        core_engine.shutdown()
