@@ -109,6 +109,13 @@ CHANGES: tuple[RuleChange, ...] = (
         "the encoder budget and cache, but it is encoded only once the range reaches it: "
         "the scheduler now encodes an item only when the range holds some of its "
         "embeddings."),
+    RuleChange(
+        "abort_skips_finished_requests", "0.11.1", "",
+        "An abort of a request that has finished but is still known to the scheduler "
+        "(a KV connector is sending its pages) is ignored.  0.11.0 finished it again: its "
+        "status became FINISHED_ABORTED, the connector's request_finished was called a "
+        "second time and the worker was told of the finish again.  Found by the "
+        "KV-connector streams of the 0.12.0 upgrade check; 0.11.1 has it already."),
 )
 
 _BY_NAME = {c.name: c for c in CHANGES}

@@ -115,14 +115,21 @@ class Scheduler:
         return self.num_unfinished() > 0 or bool(self.finished_req_ids)
 
     def finish_requests(self, request_ids: list[str], status: RequestStatus) -> None:
-        """Abort from outside; unknown or already finished ids are ignored."""
-        found = [self.requests[r] for r in request_ids if r in self.requests]
+        """Abort from outside; unknown ids are ignored, and from 0.11.1 finished ones too."""
+        found = [self.requests[r] for r in request_ids
+                 if r in self.requests and not self.abort_passes_over(self.requests[r])]
         leaving_running = {r for r in found if r.status == RequestStatus.RUNNING}
         self.running = [r for r in self.running if r not in leaving_running]
         self.waiting.remove_all(r for r in found if r not in leaving_running)
         for request in found:
             request.status = status
             self._free_request(request)
+
+    def abort_passes_over(self, request: Request) -> bool:
+        """A finished request is still known while a KV connector sends its pages.  From
+        0.11.1 an abort leaves it alone; 0.11.0 finishes it again: the connector is told
+        once more, and the worker of it."""
+        return request.is_finished and self.config.has("abort_skips_finished_requests")
 
     def _free_request(self, request: Request) -> None:
         """A finished request lets go of its encoder outputs and its pages -- unless a KV

@@ -45,6 +45,7 @@ FIXTURE_SHOWS = {
                                 "connector_asked_after_load", "async_load_cached_at_once"],
     "kv_connector_sync_load_after_hit": ["unknown_answer_taken_as_zero",
                                          "connector_told_new_pages_only"],
+    "kv_connector_abort_while_sending": ["abort_skips_finished_requests_dropped"],
     "kv_connector_pages_kept_for_sending": ["kept_pages_freed_at_once", "send_report_ignored"],
     "kv_events_with_lora": ["kv_events_with_lora_run", "kv_events_name_the_adapter_dropped"],
     "mm_eagle_reads_one_token_ahead": ["eagle_encoder_one_token_ahead_dropped",

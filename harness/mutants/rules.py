@@ -1205,6 +1205,7 @@ _CHANGE_MODULES = {
     "kv_events_name_the_adapter": BLOCK_POOL,
     "eagle_encoder_one_token_ahead": SCHEDULER,
     "eagle_lookahead_item_waits": SCHEDULER,
+    "abort_skips_finished_requests": SCHEDULER,
 }
 
 
@@ -1224,6 +1225,8 @@ _CHANGE_APPLIES = {
     "kv_events_name_the_adapter": kv_events_lora,
     "eagle_encoder_one_token_ahead": encoder_eagle,
     "eagle_lookahead_item_waits": encoder_eagle,
+    "abort_skips_finished_requests": lambda s: connector_sends(s) and any(
+        r.abort_step is not None for r in s.requests),
 }
 
 for _change in releases.CHANGES:
