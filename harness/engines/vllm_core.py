@@ -25,16 +25,22 @@ answers ``execute_model`` with the scripted model's tokens
 (:mod:`harness.model`), the same function the step loop calls, so the two
 answers are compared every step.
 
+Images: EngineCore builds the scheduler class the config names; for a stream
+with images that is vLLM's ``Scheduler`` with the multimodal registry stand-in
+of the ``vllm`` engine bound as its ``mm_registry`` argument (the bundled text
+models have no encoder of their own).
+
 Streams this engine takes (:func:`unsupported`): one full-attention KV cache
-group, no KV connector, no images (EngineCore builds its scheduler with vLLM's
-multimodal registry, which has no encoder for the bundled text models).  Those
-are driven by the ``vllm`` engine only.
+group and no KV connector.  The others are driven by the ``vllm`` engine only.
 """
 
 from __future__ import annotations
 
+import functools
+
 from harness.engines import vllm_env  # noqa: F401  (before vLLM is imported)
 
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.engine import EngineCoreRequest  # noqa: E402
 from vllm.v1.engine.core import EngineCore  # noqa: E402
 from vllm.v1.executor.abstract import Executor  # noqa: E402
@@ -47,7 +53,7 @@ from harness.engines.base import Scheduled  # noqa: E402
 from harness.engines.vllm_adapter import (VllmEngine, build_vllm_config,  # noqa: E402
                                           mm_features, pooling_params, sampling_params,
                                           scheduler_stats)
-from harness.stream import Stream  # noqa: E402
+from harness.stream import Stream, largest_mm_item  # noqa: E402
 
 #: The V1 scheduler's qualified name; 0.11.0's SchedulerConfig defaults to V0's,
 #: which EngineArgs replaces before EngineCore reads it.
@@ -61,8 +67,6 @@ def unsupported(stream: Stream) -> str | None:
         return "hybrid KV cache groups (EngineCore groups the layers itself)"
     if c.kv_role is not None:
         return "a KV connector (the executor does not yet report transfers)"
-    if c.has_encoder:
-        return "images (EngineCore's scheduler asks vLLM's multimodal registry)"
     return None
 
 
@@ -163,8 +167,11 @@ class VllmCoreEngine(VllmEngine):
 
     def _build(self, stream: Stream):
         c = stream.config
-        vc, _ = build_vllm_config(c)
-        vc.scheduler_config.scheduler_cls = V1_SCHEDULER
+        vc, encoder = build_vllm_config(c, largest_mm_item(stream))
+        # vLLM's own Scheduler class; with images, with the multimodal registry stand-in
+        # bound as its mm_registry argument, as the vllm engine passes it.
+        vc.scheduler_config.scheduler_cls = (functools.partial(Scheduler, **encoder)
+                                             if encoder else V1_SCHEDULER)
         # EngineCore checks the pool against the model config's max_model_len, which a
         # server sets from --max-model-len; the model config is shared by the streams.
         mc = vc.model_config
