@@ -107,6 +107,8 @@ PROPERTIES: tuple[Property, ...] = (
              targets=("lora_overfill_not_asserted",)),
     Property("pooling", st.pooling_streams, ("pooled_after_chunks",),
              targets=("pooled_request_runs_on",)),
+    Property("connector_sends", st.connector_send_streams,
+             targets=("abort_skips_finished_requests_dropped",)),
 )
 
 

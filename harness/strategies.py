@@ -1246,6 +1246,36 @@ def pooling_streams(draw, **knobs: Any) -> dict[str, Any]:
     return data
 
 
+@st.composite
+def connector_send_streams(draw, **knobs: Any) -> dict[str, Any]:
+    """A KV producer (or ``kv_both``) whose finished requests' pages stay with the
+    connector for 1-3 steps while they are sent, and clients that abort a request
+    around the time it finishes (three requests in four): before, during or after
+    the send, so the abort of a request that has finished but is still known is
+    common.
+    Streams of :func:`streams` (its own aborts and connector off, no drafts);
+    ``knobs`` go to :func:`streams`.
+    Shrinks towards: the shrunk stream, its requests sent for one step and aborted
+    the step they are expected to finish.
+    """
+    data = draw(streams(**_with(dict(min_requests=1, max_requests=4, max_arrival_step=4,
+                                     aborts=False, kv_connector=False, drafts=False), knobs)))
+    config = data["config"]
+    if config.get("kv_cache_groups"):
+        config = {k: v for k, v in config.items() if k != "kv_cache_groups"}
+    data["config"] = {**config, "kv_role": draw(st.sampled_from(["kv_producer", "kv_both"]))}
+    budget = config["max_num_batched_tokens"]
+    for req in data["requests"]:
+        send = draw(st.integers(1, 3))
+        req["kv_transfer"] = {"send_steps": send}
+        if not _one_in(draw, 4):
+            finish = (req.get("arrival_step", 0) + _cdiv(len(req["prompt"]), budget)
+                      + len(req["output"]) - 1)
+            req["abort_step"] = max(req.get("arrival_step", 0) + 1,
+                                    finish + draw(st.integers(0, send + 1)))
+    return data
+
+
 def any_stream(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
     """Any stream: the general :func:`streams` or one of the focused or targeted variants.
 
