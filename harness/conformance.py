@@ -123,23 +123,24 @@ def check_one(stream: Stream, quiet: bool = False, engine: str = "vllm") -> Chec
     """A vLLM engine (``vllm`` or ``vllm-core``) and the reference on one stream; a failing
     stream is kept for replay."""
     c = compare(stream, vllm=get_engine(engine))
+    name = stream.name if engine == "vllm" else f"{stream.name} [{engine}]"
     lines, saved = [], []
     for t, line in zip(c.failures, c.failure_lines()):
         path = counterexamples.save(stream, counterexamples.unique_label(
             stream, f"{t['engine']}-failure"))
         saved.append(str(path))
-        lines.append(f"{stream.name}: {line}\n  stream saved: {path}")
+        lines.append(f"{name}: {line}\n  stream saved: {path}")
     if c.divergence is not None:
         path = counterexamples.save(stream, counterexamples.unique_label(stream, "divergence"))
         saved.append(str(path))
-        lines.append(f"{stream.name}: {report(c.vllm, c.reference, c.divergence)}\n"
+        lines.append(f"{name}: {report(c.vllm, c.reference, c.divergence)}\n"
                      f"  stream saved: {path}\n  replay: python -m harness check {path}")
     elif c.crash_reproduced and not quiet:
-        lines.append(f"{stream.name}: equal ({len(c.vllm['steps'])} steps, then both engines "
+        lines.append(f"{name}: equal ({len(c.vllm['steps'])} steps, then both engines "
                      f"raise {exception_name(c.vllm)} at step {c.vllm['failure']['step']}: "
                      "a vLLM crash the reference reproduces)")
     elif c.equal and not quiet:
-        lines.append(f"{stream.name}: equal ({len(c.vllm['steps'])} steps, {c.vllm['verdict']})")
+        lines.append(f"{name}: equal ({len(c.vllm['steps'])} steps, {c.vllm['verdict']})")
     return Checked(stream, c, saved, "\n".join(lines))
 
 
@@ -168,6 +169,5 @@ def check_streams(streams: Sequence[Stream], quiet: bool = False, as_json: bool 
                 print(json.dumps({**checked.to_json(), "engine": name}, sort_keys=True),
                       flush=True)
             elif checked.text:
-                print(checked.text.replace(f"{stream.name}:", f"{stream.name}{label}:", 1),
-                      flush=True)
+                print(checked.text, flush=True)
     return ok, total

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness import counterexamples, model
-from harness.engines.base import Engine, Scheduled, TransferReports
+from harness.engines.base import Engine, TransferReports, nothing_scheduled
 from harness.paths import write_atomic
 from harness.stream import Stream
 from harness.trace import ENGINE_FAILURE, Trace, optional_fields, step_record
@@ -125,7 +125,7 @@ def _loop(engine: Engine, stream: Stream, trace: Trace, limits: Limits) -> None:
         else:
             # vLLM's engine idles: EngineCore.step neither schedules nor updates, so
             # nothing is published or reported until a step runs again.
-            scheduled, emitted, stats = IDLE, {}, None
+            scheduled, emitted, stats = nothing_scheduled(), {}, None
             kv_events = [] if "kv_events" in optional else None
             kv_connector = ({"calls": [], "finished_recving": [], "finished_sending": []}
                             if reports else None)
@@ -142,10 +142,6 @@ def _loop(engine: Engine, stream: Stream, trace: Trace, limits: Limits) -> None:
                                        engine.num_free_blocks(), reset, optional,
                                        stats, kv_events, kv_connector))
         step += 1
-
-
-#: What an idle step schedules: nothing.
-IDLE = Scheduled([], {}, [], [], {}, {}, {}, {}, {})
 
 
 def _step(engine: Engine, stream: Stream, step: int, by_id: dict, optional: frozenset[str],

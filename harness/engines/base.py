@@ -55,6 +55,11 @@ class Scheduled:
     encoder_frees: list[str] = field(default_factory=list)
 
 
+def nothing_scheduled() -> Scheduled:
+    """A step that schedules nothing (the engine idles)."""
+    return Scheduled([], {}, [], [], {}, {}, {}, {}, {})
+
+
 @dataclass
 class RequestState:
     """A request's state after a step, read for the trace."""

@@ -49,7 +49,7 @@ from vllm.v1.outputs import DraftTokenIds  # noqa: E402
 
 from harness import model  # noqa: E402
 from harness.engines import vllm_compat as compat  # noqa: E402
-from harness.engines.base import Scheduled  # noqa: E402
+from harness.engines.base import Scheduled, nothing_scheduled  # noqa: E402
 from harness.engines.vllm_adapter import (VllmEngine, build_vllm_config,  # noqa: E402
                                           mm_features, pooling_params, sampling_params,
                                           scheduler_stats)
@@ -191,10 +191,7 @@ class VllmCoreEngine(VllmEngine):
         sched = self.core.scheduler
         real_schedule, real_reset = sched.schedule, sched.reset_prefix_cache
         sched.schedule = lambda: self.observed_schedule(real_schedule)
-        # EngineCore.reset_prefix_cache drops the scheduler's answer; the trace keeps it.
-        sched.reset_prefix_cache = lambda: self._reset_answers.append(real_reset()) or \
-            self._reset_answers[-1]
-        self._reset_answers: list[bool] = []
+        sched.reset_prefix_cache = lambda: self._keep_reset_answer(real_reset())
         self._executed = False
         self._post_step_due = False
         self._scheduled: Scheduled | None = None
@@ -229,7 +226,12 @@ class VllmCoreEngine(VllmEngine):
 
     def reset_prefix_cache(self) -> bool:
         self.core.reset_prefix_cache()
-        return bool(self._reset_answers.pop())
+        return self._reset_answer
+
+    def _keep_reset_answer(self, done: bool) -> bool:
+        """EngineCore.reset_prefix_cache drops the scheduler's answer; the trace keeps it."""
+        self._reset_answer = bool(done)
+        return done
 
     def schedule(self) -> Scheduled:
         """One ``step()``: schedule, execute, update.  A step with no request left in
@@ -239,9 +241,7 @@ class VllmCoreEngine(VllmEngine):
         outputs, self._executed = self.core.step_fn()
         self._post_step_due = True
         self._stats = scheduler_stats(outputs)
-        if self._scheduled is None:
-            return Scheduled([], {}, [], [], {}, {}, {}, {}, {})
-        return self._scheduled
+        return self._scheduled or nothing_scheduled()
 
     def update(self, scheduled: Scheduled, sampled: dict[str, list[int]],
                finished_recving=(), finished_sending=()) -> None:
