@@ -28,6 +28,7 @@ from harness import profiles
 from harness.conformance import Divergent, assert_conforms
 from harness.engines import get_engine
 from harness.properties import by_name
+from harness.stream import parse_stream
 from harness.stats import Stats
 
 LABEL = "fuzz"
@@ -137,10 +138,14 @@ def given_campaign(body, examples: int, seed: int | None, base: settings | None 
 
 
 def run_campaign(examples: int | None = None, seed: int | None = None,
-                 profile: str | None = None) -> CampaignResult:
-    """Check streams of the whole space until ``examples`` have run, one diverges, or a stop."""
+                 profile: str | None = None, engines: tuple[str, ...] = ("vllm",)
+                 ) -> CampaignResult:
+    """Check streams of the whole space until ``examples`` have run, one diverges, or a stop.
+    Each stream is checked on every engine of ``engines`` that takes it (the first one's
+    runs are the summary's)."""
     name = profiles.load(profile)
-    get_engine("vllm")  # import vLLM before the clock and the signal handlers start
+    # Import vLLM before the clock and the signal handlers start.
+    first, *others = [get_engine(e) for e in engines]
     base = settings()
     examples = examples or base.max_examples
     result = CampaignResult(examples, name, seed, Stats())
@@ -158,7 +163,10 @@ def run_campaign(examples: int | None = None, seed: int | None = None,
             if failed:
                 result.shrink_runs += 1
             try:
-                assert_conforms(data, label=LABEL, stats=stats)
+                assert_conforms(data, label=LABEL, vllm=first, stats=stats)
+                for engine in others:
+                    if engine.refuses(parse_stream(data)) is None:
+                        assert_conforms(data, label=f"{LABEL}-{engine.name}", vllm=engine)
             except Divergent:
                 failed = True
                 raise
@@ -194,10 +202,10 @@ def summary_lines(r: CampaignResult) -> list[str]:
 
 
 def fuzz(examples: int | None = None, seed: int | None = None, profile: str | None = None,
-         as_json: bool = False) -> int:
+         as_json: bool = False, engines: list[str] | None = None) -> int:
     """The ``fuzz`` command: 0 clean, 1 a divergence, 130 interrupted."""
     import json
-    r = run_campaign(examples, seed, profile)
+    r = run_campaign(examples, seed, profile, tuple(engines or ["vllm"]))
     if as_json:
         print(json.dumps(r.to_json(), indent=1, sort_keys=True))
     else:

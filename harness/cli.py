@@ -119,16 +119,21 @@ def cmd_trace(ns) -> int:
     return trace_streams(get_engine(ns.engine), streams, out)
 
 
-def cmd_check(ns) -> int:
-    from harness.conformance import check_streams
-    engines = [e.strip() for e in ns.engines.split(",") if e.strip()]
+def vllm_engines(text: str) -> list[str]:
+    """The ``--engines`` option: vLLM-side engine names, comma-separated (default vllm)."""
+    engines = [e.strip() for e in text.split(",") if e.strip()]
     vllm_side = [e for e in ENGINE_NAMES if e != "reference"]
     for e in engines:
         if e not in vllm_side:
             raise UsageError(f"--engines: {e!r} is not a vLLM engine ({', '.join(vllm_side)}); "
                              "each is compared with the reference")
+    return engines or ["vllm"]
+
+
+def cmd_check(ns) -> int:
+    from harness.conformance import check_streams
+    engines = vllm_engines(ns.engines)
     streams = load_all(ns.streams)
-    engines = engines or ["vllm"]
     ok, total = check_streams(streams, as_json=ns.json, engines=engines)
     if not ns.json:
         skipped = len(streams) * len(engines) - total
@@ -161,12 +166,14 @@ def cmd_replay(ns) -> int:
 
 def cmd_fuzz(ns) -> int:
     from harness.campaign import fuzz
-    return fuzz(examples=ns.examples, seed=ns.seed, profile=ns.profile, as_json=ns.json)
+    return fuzz(examples=ns.examples, seed=ns.seed, profile=ns.profile, as_json=ns.json,
+                engines=vllm_engines(ns.engines))
 
 
 def cmd_coverage(ns) -> int:
     from harness.code_coverage import coverage_command
-    return coverage_command(ns.examples, ns.seed, ns.profile, ns.missing, ns.json)
+    return coverage_command(ns.examples, ns.seed, ns.profile, ns.missing, ns.json,
+                            engines=vllm_engines(ns.engines))
 
 
 def cmd_reach(ns) -> int:
@@ -278,6 +285,10 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--profile", choices=("ci", "dev", "nightly"), default=None,
                    help="hypothesis profile (default: ci when a CI system is detected, else dev)")
     f.add_argument("--json", action="store_true", help="the result as one JSON object")
+    f.add_argument("--engines", default="vllm",
+                   help="the vLLM engines each stream is checked on against the reference, "
+                        "comma-separated: vllm (vLLM's scheduler under the step loop), "
+                        "vllm-core (vLLM's EngineCore; streams it does not take are skipped)")
     f.set_defaults(func=cmd_fuzz)
 
     cv = sub.add_parser("coverage", help="a fuzz campaign under coverage.py: the share of "
@@ -287,6 +298,10 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument("--profile", choices=("ci", "dev", "nightly"), default=None)
     cv.add_argument("--missing", action="store_true", help="list the lines never run, per file")
     cv.add_argument("--json", action="store_true", help="the result as one JSON object")
+    cv.add_argument("--engines", default="vllm",
+                   help="the vLLM engines each stream is checked on against the reference, "
+                        "comma-separated: vllm (vLLM's scheduler under the step loop), "
+                        "vllm-core (vLLM's EngineCore; streams it does not take are skipped)")
     cv.set_defaults(func=cmd_coverage)
 
     r = sub.add_parser("reach", help="the rule report: streams of a profile that reach each "

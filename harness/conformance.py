@@ -90,7 +90,8 @@ def assert_conforms(data: dict[str, Any], label: str = "counterexample", referen
     path = counterexamples.save(stream, label)
     text = report(c.vllm, c.reference, c.divergence) if c.divergence else "\n".join(c.failure_lines())
     message = (f"{text}\n\n{len(stream.requests)} request(s); stream written to {path}\n"
-               f"replay: {replay_env + ' ' if replay_env else ''}python -m harness check {path}")
+               f"replay: {replay_env + ' ' if replay_env else ''}python -m harness check {path}"
+               + ("" if vllm is None or vllm.name == "vllm" else f" --engines {vllm.name}"))
     raise Divergent(message)
 
 

@@ -109,6 +109,11 @@ PROPERTIES: tuple[Property, ...] = (
              targets=("pooled_request_runs_on",)),
     Property("connector_sends", st.connector_send_streams,
              targets=("abort_skips_finished_requests_dropped",)),
+    Property("async_scheduling", st.async_streams,
+             targets=("batch_applied_at_once", "worker_done_not_looked_at",
+                      "empty_batch_does_not_wait", "placeholders_not_scheduled",
+                      "sampling_ignores_placeholders", "async_outputs_not_cached",
+                      "placeholders_kept_after_output"), scale=3),
 )
 
 

@@ -6,6 +6,12 @@ whose ``abort_step == k``; (2) add the requests whose ``arrival_step == k``;
 (4) the scripted model emits; (5) ``update_from_output``; (6) with speculative
 decoding on, every scheduled request gets a draft list: its next scripted one
 if it emitted tokens, an empty one if not.
+
+With ``async_scheduling`` a step is one call of vLLM's
+``EngineCore.step_with_batch_queue`` instead (:func:`_async_step`): the
+scripted model answers a batch when it is scheduled, and the answer is applied
+one step later, after the next batch is scheduled, unless the stream lists the
+step in ``async_ready_steps`` (the worker was done at once).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import os
 import sys
 import time
 import traceback
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,6 +104,8 @@ def _loop(engine: Engine, stream: Stream, trace: Trace, limits: Limits) -> None:
     drafts_left = {r.id: list(r.drafts) for r in stream.requests}
     arrived: list[str] = []
     reported_finished: set[str] = set()
+    # Async scheduling: the batches scheduled whose output is not applied yet, newest first.
+    in_flight: deque[Batch] = deque()
 
     step = 0
     while True:
@@ -111,7 +119,7 @@ def _loop(engine: Engine, stream: Stream, trace: Trace, limits: Limits) -> None:
         for r in grammars.get(step, ()):
             if r.abort_step is None or r.abort_step > step:
                 engine.grammar_ready(r.id)
-        if engine.num_unfinished() == 0 and step >= last_arrival:
+        if engine.num_unfinished() == 0 and step >= last_arrival and not in_flight:
             trace.complete()
             return
         if step >= stream.config.max_steps:
@@ -119,7 +127,15 @@ def _loop(engine: Engine, stream: Stream, trace: Trace, limits: Limits) -> None:
                              f"{engine.num_unfinished()} request(s) unfinished", verdict="max_steps")
             return
 
-        if engine.has_requests():
+        updated = None
+        if stream.config.async_scheduling and (engine.has_requests() or in_flight):
+            scheduled, applied = _async_step(engine, stream, step, by_id, in_flight)
+            emitted = applied.sampled if applied else {}
+            updated = applied.step if applied else None
+            stats = engine.stats() if applied and "stats" in optional else None
+            kv_events = engine.kv_events() if "kv_events" in optional else None
+            kv_connector = None
+        elif engine.has_requests():
             scheduled, emitted, stats, kv_events, kv_connector = _step(
                 engine, stream, step, by_id, optional, reports, drafts_left)
         else:
@@ -140,8 +156,37 @@ def _loop(engine: Engine, stream: Stream, trace: Trace, limits: Limits) -> None:
                 reported_finished.add(req_id)
         trace.steps.append(step_record(step, scheduled, emitted, states,
                                        engine.num_free_blocks(), reset, optional,
-                                       stats, kv_events, kv_connector))
+                                       stats, kv_events, kv_connector, updated))
+        engine.end_step()
         step += 1
+
+
+@dataclass
+class Batch:
+    """A scheduled batch and the scripted model's answer to it, not applied yet."""
+
+    step: int
+    scheduled: object  # Scheduled
+    sampled: dict[str, list[int]]
+
+
+def _async_step(engine: Engine, stream: Stream, step: int, by_id: dict,
+                in_flight: deque[Batch]) -> tuple:
+    """One step of vLLM's engine under async scheduling (``step_with_batch_queue``):
+    schedule a batch if any request is there, then apply the oldest batch in flight
+    when the engine says it waits for it (:meth:`Engine.applies_oldest_now`).  Returns
+    the batch scheduled now (or nothing) and the batch applied (or None)."""
+    scheduled = nothing_scheduled()
+    if engine.has_requests():
+        scheduled = engine.schedule()
+        in_flight.appendleft(Batch(step, scheduled, model.sample(scheduled, by_id)))
+        worker_done = step in stream.config.async_ready_steps
+        if not engine.applies_oldest_now(len(in_flight), bool(scheduled.scheduled),
+                                         worker_done):
+            return scheduled, None
+    applied = in_flight.pop()
+    engine.update(applied.scheduled, applied.sampled)
+    return scheduled, applied
 
 
 def _step(engine: Engine, stream: Stream, step: int, by_id: dict, optional: frozenset[str],

@@ -1276,6 +1276,79 @@ def connector_send_streams(draw, **knobs: Any) -> dict[str, Any]:
     return data
 
 
+#: The streams async scheduling is drawn over: every kind vLLM 0.11.0 runs under it
+#: (no speculative decoding, no KV connector).
+def _async_bases(knobs: dict[str, Any]) -> SearchStrategy[dict[str, Any]]:
+    """Grammar streams are drawn one time in four: requests waiting for their grammar
+    with nothing running make the steps that schedule an empty batch."""
+    knobs = _with(dict(drafts=False, kv_connector=False), knobs)
+    others = st.one_of(streams(**knobs), preemption_streams(**knobs),
+                       prefix_cache_streams(**knobs), chunked_prefill_streams(**knobs),
+                       stop_and_abort_streams(**knobs), crowd_streams(**knobs),
+                       set_aside_streams(**knobs), hybrid_streams(**knobs),
+                       lora_streams(**knobs), mm_streams(**knobs),
+                       encoder_pressure_streams(**knobs), pooling_streams(**knobs))
+    return _rarely(grammar_streams(**knobs), others, one_in=4)
+
+
+@st.composite
+def async_streams(draw, **knobs: Any) -> dict[str, Any]:
+    """Async scheduling (vLLM's AsyncScheduler under EngineCore's batch queue) over the
+    other strategies' streams, without drafts and connectors (vLLM refuses the one, the
+    harness does not script the other under it): output placeholders, one batch
+    ahead, tokens scheduled past a stop, preemption and aborts while a batch is on the
+    worker.  The worker is done at once with the batches of some steps (a share of
+    0, 1/5, 1/2, 4/5 or all of the steps the stream is likely to take), so the engine
+    also applies a batch in the step it scheduled it, and a step that schedules an
+    empty batch (finished requests to report, grammars not ready) finds the queue
+    empty.  KV cache events are on in one stream in two (one KV cache group), so that
+    the pages a batch's tokens fill show when they are cached.
+    ``knobs`` go to the base strategies.
+    Shrinks towards: the shrunk base stream, every batch applied one step late.
+    """
+    data = draw(_async_bases(knobs))
+    config = {k: v for k, v in data["config"].items() if k not in ("kv_role",)}
+    config.update(num_speculative_tokens=0, async_scheduling=True)
+    if not config.get("kv_cache_groups") and draw(st.booleans()):
+        config["kv_cache_events"] = True
+    requests = data["requests"]
+    horizon = min(80, max((r.get("arrival_step", 0) for r in requests), default=0)
+                  + sum(len(r["prompt"]) for r in requests) // config["max_num_batched_tokens"]
+                  + sum(len(r["output"]) for r in requests) + 4)
+    share = draw(st.sampled_from([0.0, 0.2, 0.5, 0.8, 1.0]))
+    rng = draw(st.randoms(use_true_random=False))
+    ready = [step for step in range(horizon) if rng.random() < share]
+    if ready:
+        config["async_ready_steps"] = ready
+    data["config"] = config
+    for req in requests:
+        req.pop("drafts", None)
+        req.pop("kv_transfer", None)
+    if config["enable_prefix_caching"]:
+        _add_follow_up(draw, data, horizon)
+    return data
+
+
+def _add_follow_up(draw, data: dict[str, Any], arrival: int) -> None:
+    """A request arriving once the others are likely done whose prompt is an earlier
+    request's prompt and whole output: its hit reaches the pages that the earlier
+    request's last tokens filled (under async scheduling cached when they were applied).
+    Left out where the stream rules refuse it."""
+    generating = [r for r in data["requests"] if r["output"]]
+    if not generating:
+        return
+    earlier = draw(st.sampled_from(generating))
+    prompt = (earlier["prompt"] + earlier["output"])[:data["config"]["max_model_len"] - 1]
+    follow_up = {**{k: v for k, v in earlier.items() if k not in ("id", "abort_step")},
+                 "id": "follow-up", "prompt": prompt, "arrival_step": arrival}
+    candidate = {**data, "requests": data["requests"] + [follow_up]}
+    try:
+        parse_stream(candidate)
+    except StreamError:
+        return
+    data["requests"] = candidate["requests"]
+
+
 def any_stream(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
     """Any stream: the general :func:`streams` or one of the focused or targeted variants.
 
@@ -1290,4 +1363,5 @@ def any_stream(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
                      window_hit_streams(**knobs), draft_window_streams(**knobs),
                      lora_streams(**knobs), grammar_streams(**knobs), mm_streams(**knobs),
                      encoder_pressure_streams(**knobs), mm_hash_streams(**knobs),
-                     lora_encoder_skip_streams(**knobs), pooling_streams(**knobs))
+                     lora_encoder_skip_streams(**knobs), pooling_streams(**knobs),
+                     async_streams(**knobs))

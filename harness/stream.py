@@ -98,6 +98,13 @@ class Config:
     # requests' pages), kv_consumer (loads prompts' pages) or kv_both; None: no connector.
     # The connector is scripted per request (RequestSpec.kv_transfer).
     kv_role: str | None = None
+    # vLLM's --async-scheduling: the AsyncScheduler under EngineCore's batch queue, which
+    # schedules the next batch before the last one's output is back (output placeholders).
+    async_scheduling: bool = False
+    # Async scheduling: the steps whose batch the worker has finished by the time the
+    # engine looks, right after scheduling it; that step also applies its output.  Every
+    # other batch is applied one step later, after the next batch is scheduled.
+    async_ready_steps: tuple[int, ...] = ()
     model: str = "qwen2.5-0.5b"
     max_steps: int = 1000
 
@@ -118,6 +125,8 @@ class Config:
         """Every field, except the optional features' fields when they are left out (so
         streams written before those features existed keep their bytes and hashes)."""
         out = _without_absent(asdict(self), OPTIONAL_CONFIG_FIELDS)
+        if self.async_ready_steps:
+            out["async_ready_steps"] = list(self.async_ready_steps)
         if self.kv_cache_groups is not None:
             out["kv_cache_groups"] = [g.to_json() for g in self.kv_cache_groups]
         return out
@@ -128,7 +137,8 @@ class Config:
 OPTIONAL_CONFIG_FIELDS = {"kv_cache_groups": None, "max_loras": None,
                           "encoder_compute_budget": None, "encoder_cache_size": None,
                           "max_tokens_per_mm_item": None, "disable_chunked_mm_input": False,
-                          "log_stats": False, "kv_cache_events": False, "kv_role": None}
+                          "log_stats": False, "kv_cache_events": False, "kv_role": None,
+                          "async_scheduling": False, "async_ready_steps": ()}
 OPTIONAL_REQUEST_FIELDS = {"lora": None, "structured_output": None, "mm_inputs": (),
                            "pooling": False, "kv_transfer": None}
 
@@ -378,6 +388,8 @@ def _build(data: dict[str, Any], default_name: str) -> Stream:
     config = dict(data.get("config", {}))
     if config.get("kv_cache_groups") is not None:
         config["kv_cache_groups"] = tuple(KVCacheGroup(**g) for g in config["kv_cache_groups"])
+    if "async_ready_steps" in config:
+        config["async_ready_steps"] = tuple(sorted(set(config["async_ready_steps"])))
     return Stream(Config(**config), requests,
                   data.get("name", default_name), data.get("description", ""),
                   tuple(sorted(set(data.get("reset_prefix_cache_steps", ())))))
@@ -530,6 +542,21 @@ def rule_errors(s: Stream) -> list[str]:
     return _config_errors(s.config) + _request_errors(s)
 
 
+def _async_errors(c: Config) -> list[str]:
+    """vLLM 0.11.0 refuses speculative decoding with async scheduling at start-up; the
+    harness does not script a KV connector's transfers under it."""
+    errors = []
+    if c.async_ready_steps and not c.async_scheduling:
+        errors.append("config.async_ready_steps: needs async_scheduling")
+    if c.async_scheduling and c.num_speculative_tokens > 0:
+        errors.append("config.async_scheduling: not with speculative decoding "
+                      "(vLLM 0.11.0 refuses it at start-up)")
+    if c.async_scheduling and c.kv_role is not None:
+        errors.append("config.async_scheduling: not with a KV connector (kv_role) "
+                      "(the harness does not script transfers under async scheduling)")
+    return errors
+
+
 def _config_errors(c: Config) -> list[str]:
     errors = []
     model_config = MODELS_DIR / c.model / "config.json"
@@ -552,6 +579,7 @@ def _config_errors(c: Config) -> list[str]:
     if c.kv_role is not None and len(c.groups) > 1:
         errors.append("config.kv_role: a KV connector needs a single KV cache group "
                       "(vLLM 0.11.0's scheduler asserts it)")
+    errors += _async_errors(c)
     if c.kv_cache_events and len(c.groups) > 1:
         errors.append("config.kv_cache_events: needs a single KV cache group (vLLM 0.11.0 turns "
                       "its hybrid KV cache manager off when KV cache events are on)")

@@ -23,13 +23,14 @@ STEP_FIELDS = (
     "spec_tokens", "emitted", "num_computed_tokens", "status", "free_blocks",
     "evicted", "slots", "prefix_cache_reset", "set_aside", "grammar_index", "bitmask_rows",
     "encoder_inputs", "encoder_frees", "stats", "kv_events", "kv_connector",
+    "updated", "output_placeholders",
 )
 
 
 #: Step fields that only streams using a feature carry (see optional_fields).
 OPTIONAL_STEP_FIELDS = frozenset({"set_aside", "grammar_index", "bitmask_rows",
                                   "encoder_inputs", "encoder_frees", "stats", "kv_events",
-                                  "kv_connector"})
+                                  "kv_connector", "updated", "output_placeholders"})
 
 
 def optional_fields(stream: Stream) -> frozenset[str]:
@@ -38,7 +39,7 @@ def optional_fields(stream: Stream) -> frozenset[str]:
     structured output or a KV connector, ``grammar_index`` and ``bitmask_rows`` with structured output,
     ``encoder_inputs`` and ``encoder_frees`` with multimodal inputs, ``stats`` with
     ``log_stats``, ``kv_events`` with ``kv_cache_events``, ``kv_connector`` with
-    ``kv_role``."""
+    ``kv_role``, ``updated`` and ``output_placeholders`` with ``async_scheduling``."""
     fields = set()
     if stream.config.kv_role is not None or any(
             r.lora is not None or r.structured_output is not None for r in stream.requests):
@@ -53,6 +54,8 @@ def optional_fields(stream: Stream) -> frozenset[str]:
         fields.add("kv_events")
     if stream.config.kv_role is not None:
         fields.add("kv_connector")
+    if stream.config.async_scheduling:
+        fields |= {"updated", "output_placeholders"}
     return frozenset(fields)
 
 
@@ -93,10 +96,12 @@ def step_record(step: int, s: Scheduled, emitted: dict[str, list[int]],
                 optional: frozenset[str] = frozenset(),
                 stats: dict[str, Any] | None = None,
                 kv_events: list[dict] | None = None,
-                kv_connector: dict[str, Any] | None = None) -> dict[str, Any]:
+                kv_connector: dict[str, Any] | None = None,
+                updated: int | None = None) -> dict[str, Any]:
     """One step of a trace, as plain JSON-able data (``optional``: see optional_fields;
     ``stats`` and ``kv_events``: see harness.engines.base.Engine.stats and .kv_events;
-    ``kv_connector``: the connector's calls and the worker's transfer report)."""
+    ``kv_connector``: the connector's calls and the worker's transfer report;
+    ``updated``: async scheduling, the step whose batch's output this step applied)."""
     record = {
         "step": step,
         "scheduled": [[rid, n] for rid, n in s.scheduled],
@@ -118,7 +123,9 @@ def step_record(step: int, s: Scheduled, emitted: dict[str, list[int]],
              "bitmask_rows": [list(r) for r in s.bitmask_rows],
              "encoder_inputs": {rid: list(ids) for rid, ids in s.encoder_inputs.items()},
              "encoder_frees": list(s.encoder_frees), "stats": stats,
-             "kv_events": kv_events, "kv_connector": kv_connector}
+             "kv_events": kv_events, "kv_connector": kv_connector, "updated": updated,
+             "output_placeholders": {rid: st.num_output_placeholders
+                                     for rid, st in states.items()}}
     record.update((k, v) for k, v in extra.items() if k in optional)
     return record
 

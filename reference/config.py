@@ -41,6 +41,8 @@ class Config:
     # KV cache events (vLLM's KVEventsConfig.enable_kv_cache_events): the block pool
     # announces what enters and leaves the prefix-cache index.
     enable_kv_cache_events: bool = False
+    # vLLM's --async-scheduling: the engine runs the AsyncScheduler (one batch ahead).
+    async_scheduling: bool = False
     # Rule changes of a later release in effect (reference.releases); none: 0.11.0.
     rules: frozenset[str] = frozenset()
 

@@ -9,9 +9,9 @@ where known, and what changed.  The code that applies a rule asks
 function shows both versions of it.
 
 Only behaviour the harness can observe is listed: what a stream decides
-(token counts, pages, preemptions, hits, stops).  Refactors, renamed
-internals and features the streams never turn on (async scheduling) are
-left out; ``harness/engines/vllm_compat.py`` follows
+(token counts, pages, preemptions, hits, stops, events).  Refactors, renamed
+internals and features the streams never turn on (speculative decoding under
+async scheduling, which 0.11.0 refuses) are left out; ``harness/engines/vllm_compat.py`` follows
 the renamed internals.  One change is left out because no stream can show it:
 from 0.11.1 a running request's drafts are cleared once scheduled, but the
 proposer hands every scheduled request its next drafts before they are read
@@ -116,6 +116,20 @@ CHANGES: tuple[RuleChange, ...] = (
         "status became FINISHED_ABORTED, the connector's request_finished was called a "
         "second time and the worker was told of the finish again.  Found by the "
         "KV-connector streams of the 0.12.0 upgrade check; 0.11.1 has it already."),
+    RuleChange(
+        "kv_events_published_after_update", "0.11.1", "",
+        "The KV cache events a step gathered are published at the end of "
+        "update_from_output, no longer at the end of schedule.  A synchronous step "
+        "schedules and updates, so it publishes the same batch; under async scheduling a "
+        "step that applies no batch publishes nothing, and its events go out with the "
+        "next step that applies one."),
+    RuleChange(
+        "async_skips_requests_at_max_tokens", "0.12.0", "",
+        "Async scheduling: a running request whose output placeholders already take it to "
+        "max_tokens (computed + 2 - placeholders >= prompt + max_tokens) is passed over, "
+        "so the extra position 0.11.0 schedules after a request's last token is no longer "
+        "scheduled (the request is not known to have stopped when the next batch is "
+        "scheduled, but it cannot need another token)."),
 )
 
 _BY_NAME = {c.name: c for c in CHANGES}

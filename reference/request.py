@@ -58,6 +58,9 @@ class Request:
     spec_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_preemptions: int = 0
+    # Async scheduling: positions scheduled past the known tokens whose sampled token
+    # is not back yet (reference.async_scheduler).
+    num_output_placeholders: int = 0
     block_hashes: list[BlockHash] = field(default_factory=list)
 
     def __post_init__(self) -> None:

@@ -166,11 +166,14 @@ class Scheduler:
         output = self._make_output(plan)
         self._advance_computed_tokens(output)
         self._forget_reported_finished()
-        self.publish_kv_events()
+        if not self.config.has("kv_events_published_after_update"):
+            self.publish_kv_events()
         return output
 
     def publish_kv_events(self) -> None:
-        """What the KV cache changed this step goes out as one batch, if anything did."""
+        """What the KV cache changed goes out as one batch, if anything did: at the end of
+        ``schedule``, from 0.11.1 (kv_events_published_after_update) at the end of
+        ``update_from_output``."""
         batch = self.kv.take_events()
         if batch:
             self.published_kv_events.append(batch)
@@ -194,8 +197,11 @@ class Scheduler:
         return c.long_prefill_token_threshold
 
     def running_tokens(self, request: Request, budget: int) -> int:
-        """Tokens a running request computes now: threshold, budget, then model length."""
-        num_new = self.cap_long_prefill(request.num_tokens_with_spec - request.num_computed_tokens)
+        """Tokens a running request computes now: threshold, budget, then model length.
+        Output placeholders (async scheduling) count as tokens to compute."""
+        num_new = self.cap_long_prefill(request.num_tokens_with_spec
+                                        + request.num_output_placeholders
+                                        - request.num_computed_tokens)
         return self.cap_model_len(request, min(num_new, budget))
 
     def cap_model_len(self, request: Request, num_tokens: int) -> int:
@@ -212,6 +218,9 @@ class Scheduler:
     def _schedule_running(self, plan: StepPlan) -> None:
         while plan.running_index < len(self.running) and plan.token_budget > 0:
             request = self.running[plan.running_index]
+            if self.placeholders_reach_max_tokens(request):
+                plan.running_index += 1
+                continue
             num_new = self.running_tokens(request, plan.token_budget)
             encode, num_new, encoder_budget = self.encoder_grant(
                 request, request.num_computed_tokens, num_new, plan)
@@ -227,6 +236,14 @@ class Scheduler:
             if request.spec_token_ids:
                 self._schedule_drafts(request, num_new, plan)
             self._encode(request, encode, encoder_budget, plan)
+
+    def placeholders_reach_max_tokens(self, request: Request) -> bool:
+        """From 0.12.0 (async_skips_requests_at_max_tokens): a request whose output
+        placeholders already take it to max_tokens is passed over."""
+        return (self.config.has("async_skips_requests_at_max_tokens")
+                and request.num_output_placeholders > 0
+                and request.num_computed_tokens + 2 - request.num_output_placeholders
+                >= len(request.prompt_token_ids) + request.max_tokens)
 
     def encoder_grant(self, request: Request, num_computed: int, num_new: int,
                       plan: StepPlan) -> tuple[list[int], int, int]:
@@ -555,7 +572,7 @@ class Scheduler:
                     self.config.num_speculative_tokens)
                 spec_decoding.observe_draft(len(drafts), num_accepted(tokens))
             status_before = request.status
-            kept, stopped = self._append_outputs(request, tokens)
+            kept, stopped = self._append_outputs(request, tokens) if tokens else ([], False)
             if request.pooling and req_id in sampled:
                 stopped = check_pooled(request)
             if stopped:
@@ -571,6 +588,8 @@ class Scheduler:
             self.waiting.remove_all(stopped_waiting)
         if self.connector is not None:
             self.take_transfers(finished_recving, finished_sending)
+        if self.config.has("kv_events_published_after_update"):
+            self.publish_kv_events()
         return self.make_stats(spec_decoding)
 
     def make_stats(self, spec_decoding: SpecDecodingStats | None) -> SchedulerStats:

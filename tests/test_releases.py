@@ -25,7 +25,8 @@ def test_a_change_applies_from_since_until_until():
 def test_changes_between_releases():
     names = {c.name for c in releases.changes_between("0.11.2", "0.12.0")}
     assert names == {"running_tokens_capped_by_max_tokens", "threshold_dropped_when_nothing_chunks",
-                     "chunked_off_stops_at_first_misfit", "eagle_encoder_one_token_ahead"}
+                     "chunked_off_stops_at_first_misfit", "eagle_encoder_one_token_ahead",
+                     "async_skips_requests_at_max_tokens"}
     assert releases.changes_between("0.11.1", "0.11.2") == ()
 
 

@@ -47,7 +47,8 @@ def test_to_json_makes_every_default_explicit():
     assert set(OPTIONAL_CONFIG_FIELDS) == {"kv_cache_groups", "max_loras", "encoder_compute_budget",
                                            "encoder_cache_size", "max_tokens_per_mm_item",
                                            "disable_chunked_mm_input", "log_stats",
-                                           "kv_cache_events", "kv_role"}
+                                           "kv_cache_events", "kv_role", "async_scheduling",
+                                           "async_ready_steps"}
     assert out["requests"][0]["max_tokens"] is None
     assert out["requests"][0]["eos_token_id"] is None
 

@@ -116,7 +116,8 @@ def test_schema_fields_and_defaults_match_dataclasses(validator):
     assert set(config["properties"]) == {f.name for f in fields(Config)}
     for f in fields(Config):
         prop = config["properties"][f.name]
-        assert prop["default"] == f.default, f.name
+        default = list(f.default) if isinstance(f.default, tuple) else f.default
+        assert prop["default"] == default, f.name
         assert prop.get("description"), f.name
     assert config["properties"]["policy"]["enum"] == ["fcfs", "priority"]
     assert config["properties"]["speculative_method"]["enum"] == ["ngram", "eagle"]

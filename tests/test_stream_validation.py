@@ -32,7 +32,8 @@ def test_unknown_top_level_field():
 
 
 def test_unknown_config_field():
-    rejects(stream(config={"blocksize": 16}), r"^config\.blocksize: unknown field \(allowed: block_size, ")
+    rejects(stream(config={"blocksize": 16}), r"^config\.blocksize: unknown field \(allowed: async_ready_steps, "
+                                                r"async_scheduling, block_size, ")
 
 
 def test_unknown_request_field():
@@ -737,3 +738,19 @@ def test_kv_transfer_rules():
     parse_stream(stream(config={"kv_role": "kv_both"}, requests=[req(kv_transfer={
         "external_tokens": 1, "load_async": True, "load_steps": 2, "unknown_lookups": 1,
         "send_steps": 3})]))
+
+
+# -- async scheduling ------------------------------------------------------------------------
+
+def test_async_scheduling_rules():
+    rejects(stream(config={"async_scheduling": True, "num_speculative_tokens": 2}),
+            r"^config\.async_scheduling: not with speculative decoding \(vLLM 0\.11\.0 refuses")
+    rejects(stream(config={"async_scheduling": True, "kv_role": "kv_both"}),
+            r"^config\.async_scheduling: not with a KV connector")
+    rejects(stream(config={"async_ready_steps": [1]}),
+            r"^config\.async_ready_steps: needs async_scheduling$")
+    rejects(stream(config={"async_scheduling": True, "async_ready_steps": [-1]}),
+            r"^config\.async_ready_steps: must be a list of integers >= 0")
+    ok = parse_stream(stream(config={"async_scheduling": True, "async_ready_steps": [3, 1, 3]}))
+    assert ok.config.async_ready_steps == (1, 3)
+    assert ok.to_json()["config"]["async_ready_steps"] == [1, 3]

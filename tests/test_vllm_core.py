@@ -61,6 +61,31 @@ def test_conformance_vllm_core_equals_the_step_loop(core_engine, vllm_engine, da
     assert (ours["verdict"], ours["failure"]) == (theirs["verdict"], theirs["failure"])
 
 
+@settings(max_examples=settings().max_examples // 4, deadline=None,
+          suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+@given(st.async_streams())
+def test_conformance_vllm_core_async_equals_the_step_loop(core_engine, vllm_engine, data):
+    """Async scheduling: EngineCore's ``step_with_batch_queue`` over vLLM's AsyncScheduler
+    applies each batch in the step the step loop's imitation does, and both give the
+    same trace."""
+    stream = parse_stream(data)
+    assume(core_engine.refuses(stream) is None)
+    ours, theirs = run(vllm_engine, stream).to_json(), run(core_engine, stream).to_json()
+    assert first_divergence(ours, theirs) is None
+    assert (ours["verdict"], ours["failure"]) == (theirs["verdict"], theirs["failure"])
+
+
+def test_a_step_loop_that_applies_batches_early_is_caught(core_engine, vllm_engine, monkeypatch):
+    """The comparison can fail: a step loop that applies every batch in the step that
+    scheduled it (the synchronous loop) is stopped by EngineCore, which waits a step."""
+    stream = parse_stream(stream_dict({"async_scheduling": True}))
+    monkeypatch.setattr(type(core_engine), "applies_oldest_now",
+                        lambda self, in_flight, runs_work, worker_done: True)
+    trace = run(core_engine, stream)
+    assert trace.verdict == "engine_failure"
+    assert "applies a batch EngineCore does not apply" in trace.failure["message"]
+
+
 def test_streams_vllm_core_does_not_take_are_refused_with_the_reason(core_engine):
     hybrid = parse_stream(stream_dict({"kv_cache_groups": [
         {"type": "full"}, {"type": "sliding_window", "sliding_window": 8}]}))

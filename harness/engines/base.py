@@ -53,6 +53,9 @@ class Scheduled:
     # cache evicted since the last step, in order.
     encoder_inputs: dict[str, list[int]] = field(default_factory=dict)
     encoder_frees: list[str] = field(default_factory=list)
+    # Async scheduling: per scheduled request, its output placeholders before this step
+    # (tokens sampled by batches in flight); the scripted model reads these too.
+    placeholders: dict[str, int] = field(default_factory=dict)
 
 
 def nothing_scheduled() -> Scheduled:
@@ -67,6 +70,7 @@ class RequestState:
     status: str  # WAITING, RUNNING, PREEMPTED, FINISHED_STOPPED, ...
     num_computed_tokens: int
     num_output_tokens: int
+    num_output_placeholders: int = 0  # async scheduling: tokens sampled, not yet applied
 
 
 class Engine(Protocol):
@@ -124,6 +128,17 @@ class Engine(Protocol):
 
     def num_free_blocks(self) -> int: ...
 
+    def applies_oldest_now(self, in_flight: int, runs_work: bool, worker_done: bool) -> bool:
+        """Async scheduling, after a step scheduled a batch (``in_flight`` counts it):
+        whether EngineCore's ``step_with_batch_queue`` now waits for the oldest batch
+        and applies its output (``runs_work``: the new batch schedules tokens;
+        ``worker_done``: the worker has finished the oldest batch)."""
+
+    def end_step(self) -> None:
+        """The step is recorded.  An engine driven by vLLM's own loop finishes it here
+        (``vllm-core``: EngineCore's ``post_step``; in an idle step the ``step`` call an
+        in-process client makes, which does nothing)."""
+
     def shutdown(self) -> None:
         """The stream is done (vLLM's Scheduler.shutdown, as EngineCore calls it)."""
 
@@ -176,7 +191,8 @@ def to_scheduled(handed: Iterable[Handed], num_scheduled_tokens: Iterable[tuple[
                  grammar_index: dict[str, int] | None = None,
                  bitmask_rows: Iterable[tuple[str, int]] = (),
                  encoder_inputs: dict[str, list[int]] | None = None,
-                 encoder_frees: Iterable[str] = ()) -> Scheduled:
+                 encoder_frees: Iterable[str] = (),
+                 placeholders_before: dict[str, int] | None = None) -> Scheduled:
     """One step in engine-neutral form.
 
     ``computed_before`` is every request's ``num_computed_tokens`` before the
@@ -185,7 +201,8 @@ def to_scheduled(handed: Iterable[Handed], num_scheduled_tokens: Iterable[tuple[
     table per KV cache group; each is fed its group's pages in the order the
     output lists them, as vLLM's model runner does.  ``grammar_index`` and
     ``bitmask_rows`` are the output's structured-output part, ``encoder_inputs`` and
-    ``encoder_frees`` its multimodal part.
+    ``encoder_frees`` its multimodal part.  ``placeholders_before``: every request's
+    output placeholders before the step (async scheduling; only positive ones are kept).
     """
     computed_before = dict(computed_before)
     new_block_ids: dict[str, list[list[int]]] = {}
@@ -224,6 +241,8 @@ def to_scheduled(handed: Iterable[Handed], num_scheduled_tokens: Iterable[tuple[
         bitmask_rows=[[rid, state] for rid, state in bitmask_rows],
         encoder_inputs={rid: list(ids) for rid, ids in (encoder_inputs or {}).items()},
         encoder_frees=list(encoder_frees),
+        placeholders={rid: (placeholders_before or {}).get(rid, 0) for rid, _ in scheduled
+                      if (placeholders_before or {}).get(rid, 0)},
     )
 
 

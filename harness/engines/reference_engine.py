@@ -5,7 +5,10 @@ Never imports vLLM.
 
 from __future__ import annotations
 
-from reference import events, releases
+from collections import deque
+
+from reference import engine_core, events, releases
+from reference.async_scheduler import AsyncScheduler
 from reference.config import Config
 from reference.encoder_cache import EncoderInput
 from reference.kv_cache_spec import MAMBA, KVCacheSpec
@@ -34,7 +37,7 @@ def reference_config(stream: Stream, rules: frozenset[str] = frozenset()) -> Con
         max_loras=c.max_loras, encoder_compute_budget=c.encoder_compute_budget,
         encoder_cache_size=c.encoder_cache_size, max_tokens_by_modality=modalities(stream),
         disable_chunked_mm_input=c.disable_chunked_mm_input,
-        enable_kv_cache_events=c.kv_cache_events)
+        enable_kv_cache_events=c.kv_cache_events, async_scheduling=c.async_scheduling)
 
 
 def modalities(stream: Stream) -> tuple[tuple[str, int], ...]:
@@ -117,8 +120,10 @@ class ReferenceEngine:
         self.lora_ids = lora_ids(stream)
         self.recorder = Recorder()
         self.script = ConnectorScript(stream) if stream.config.kv_role is not None else None
-        self.sched = Scheduler(self.config, self.recorder,
+        scheduler = AsyncScheduler if self.config.async_scheduling else Scheduler
+        self.sched = scheduler(self.config, self.recorder,
                                ScriptedConnector(self.script) if self.script else None)
+        self._in_flight: deque = deque()  # scheduler outputs not yet updated, oldest first
         self.requests: dict[str, Request] = {}
         self.rows: dict[str, int] = {}
         self.workers = [WorkerBlockTable(spec.block_size, worker_width(spec, stream.config))
@@ -159,9 +164,10 @@ class ReferenceEngine:
 
     def schedule(self) -> Scheduled:
         before = {rid: r.num_computed_tokens for rid, r in self.sched.requests.items()}
+        pending = {rid: r.num_output_placeholders for rid, r in self.sched.requests.items()}
         self.recorder.clear()
         out = self.sched.schedule()
-        self._last_output = out
+        self._in_flight.append(out)
         handed = [Handed(d.req_id, NEW, d.block_ids, d.num_computed_tokens)
                   for d in out.scheduled_new_reqs]
         handed += [Handed(d.req_id, RESUMED if d.resumed_from_preemption else RUNNING,
@@ -173,12 +179,12 @@ class ReferenceEngine:
             out.finished_req_ids, before, self.recorder.observed, self.workers, self.rows,
             lambda rid: (reqs[rid].num_tokens, reqs[rid].num_output_tokens),
             out.grammar.batch_index, [(r.request_id, r.grammar_state) for r in out.grammar.rows],
-            out.scheduled_encoder_inputs, out.free_encoder_mm_hashes)
+            out.scheduled_encoder_inputs, out.free_encoder_mm_hashes, pending)
         return scheduled
 
     def update(self, scheduled: Scheduled, sampled: dict[str, list[int]],
                finished_recving: list[str] = (), finished_sending: list[str] = ()) -> None:
-        self._stats = self.sched.update_from_output(self._last_output, sampled,
+        self._stats = self.sched.update_from_output(self._in_flight.popleft(), sampled,
                                                     finished_recving, finished_sending)
 
     def connector_calls(self) -> list[list]:
@@ -203,7 +209,15 @@ class ReferenceEngine:
     def state(self, req_id: str) -> RequestState:
         r = self.requests[req_id]
         return RequestState(status=r.status.name, num_computed_tokens=r.num_computed_tokens,
-                            num_output_tokens=r.num_output_tokens)
+                            num_output_tokens=r.num_output_tokens,
+                            num_output_placeholders=r.num_output_placeholders)
+
+    def applies_oldest_now(self, in_flight: int, runs_work: bool, worker_done: bool) -> bool:
+        size = engine_core.batch_queue_size(self.config.async_scheduling)
+        return engine_core.applies_oldest_now(in_flight, size, runs_work, worker_done)
+
+    def end_step(self) -> None:
+        """The reference's step is over once updated."""
 
     def shutdown(self) -> None:
         """The reference holds nothing to let go of."""

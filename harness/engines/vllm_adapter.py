@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from harness.engines import vllm_env  # before vLLM is imported
 
+from collections import deque  # noqa: E402
 from concurrent.futures import Future  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -64,6 +65,7 @@ from vllm.pooling_params import PoolingParams  # noqa: E402
 from vllm.sampling_params import SamplingParams, StructuredOutputsParams  # noqa: E402
 from vllm.v1.core.kv_cache_utils import (get_request_block_hasher,  # noqa: E402
                                          init_none_hash)
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import (ChunkedLocalAttentionSpec,  # noqa: E402
                                         FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
@@ -265,7 +267,8 @@ class EncoderRegistry:
 def build_scheduler(c: Config, largest_mm_item: int = 0,
                     connector_script: ConnectorScript | None = None) -> Scheduler:
     vc, encoder = build_vllm_config(c, largest_mm_item, connector_script)
-    return Scheduler(vllm_config=vc, kv_cache_config=kv_cache_config(c, vc),
+    scheduler = AsyncScheduler if c.async_scheduling else Scheduler
+    return scheduler(vllm_config=vc, kv_cache_config=kv_cache_config(c, vc),
                      structured_output_manager=StructuredOutputManager(vc), log_stats=c.log_stats,
                      **encoder, **compat.scheduler_kwargs(vc))
 
@@ -283,7 +286,7 @@ def build_vllm_config(c: Config, largest_mm_item: int = 0,
         max_model_len=c.max_model_len,
         enable_chunked_prefill=c.enable_chunked_prefill,
         long_prefill_token_threshold=c.long_prefill_token_threshold,
-        policy=c.policy,
+        policy=c.policy, async_scheduling=c.async_scheduling,
         **compat.scheduler_config_kwargs(mc),
     )
     cc = CacheConfig(block_size=c.block_size, enable_prefix_caching=c.enable_prefix_caching,
@@ -413,6 +416,7 @@ class VllmEngine:
         self.grammars: dict[str, tuple[Future, frozenset[int]]] = {}
         self.sched.structured_output_manager.backend = BitmaskBackend()
         self.hash_numbers = HashNumbers()
+        self._in_flight: deque = deque()  # scheduler outputs not yet updated, oldest first
         self._install_hooks()
 
     def _build(self, stream: Stream) -> Scheduler:
@@ -513,6 +517,7 @@ class VllmEngine:
     def observed_schedule(self, schedule):
         """Run vLLM's ``schedule`` with the hooks watching; its SchedulerOutput."""
         self._before = {rid: r.num_computed_tokens for rid, r in self.sched.requests.items()}
+        self._pending = {rid: r.num_output_placeholders for rid, r in self.sched.requests.items()}
         self._observed = Observed()
         self._in_schedule = True
         try:
@@ -520,7 +525,7 @@ class VllmEngine:
                 out = schedule()
         finally:
             self._in_schedule = False
-        self._last_output = out
+        self._in_flight.append(out)
         return out
 
     def translate(self, out) -> Scheduled:
@@ -543,13 +548,13 @@ class VllmEngine:
             lambda rid: (reqs[rid].num_tokens, reqs[rid].num_output_tokens),
             grammar_index, [(self.row_ids[int(row)], int(state)) for row, state in bitmask],
             {rid: list(ids) for rid, ids in out.scheduled_encoder_inputs.items()},
-            list(out.free_encoder_mm_hashes))
+            list(out.free_encoder_mm_hashes), self._pending)
         return scheduled
 
     def update(self, scheduled: Scheduled, sampled: dict[str, list[int]],
                finished_recving: list[str] = (), finished_sending: list[str] = ()) -> None:
         output = self.runner_output(scheduled, sampled, finished_recving, finished_sending)
-        outputs = self.sched.update_from_output(self._last_output, output)
+        outputs = self.sched.update_from_output(self._in_flight.popleft(), output)
         self._stats = scheduler_stats(outputs)
 
     def runner_output(self, scheduled: Scheduled, sampled: dict[str, list[int]],
@@ -602,7 +607,17 @@ class VllmEngine:
     def state(self, req_id: str) -> RequestState:
         r = self.requests[req_id]
         return RequestState(status=r.status.name, num_computed_tokens=r.num_computed_tokens,
-                            num_output_tokens=r.num_output_tokens)
+                            num_output_tokens=r.num_output_tokens,
+                            num_output_placeholders=r.num_output_placeholders)
+
+    def applies_oldest_now(self, in_flight: int, runs_work: bool, worker_done: bool) -> bool:
+        """This engine drives vLLM's scheduler without EngineCore; the step loop imitates
+        ``step_with_batch_queue`` with a queue of two (``vllm-core`` checks the imitation
+        against EngineCore itself)."""
+        return not (runs_work and in_flight < 2 and not worker_done)
+
+    def end_step(self) -> None:
+        """The step loop drives this scheduler itself: nothing is left to do."""
 
     def shutdown(self) -> None:
         self.sched.shutdown()

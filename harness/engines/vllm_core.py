@@ -15,7 +15,16 @@ scheduler as vLLM's engine does" is checked rather than assumed:
   ``abort_requests``, prefix-cache resets through ``reset_prefix_cache``;
 * a step is ``step()`` then ``post_step()``, as ``EngineCoreProc``'s busy loop
   calls them: ``schedule``, the executor's ``execute_model``,
-  ``update_from_output``, then the drafts from ``take_draft_token_ids``.
+  ``update_from_output``, then the drafts from ``take_draft_token_ids``;
+* with ``async_scheduling`` EngineCore runs vLLM's ``AsyncScheduler`` under
+  ``step_with_batch_queue`` (the executor reports two concurrent batches, as
+  vLLM's own executors do then): ``execute_model`` hands back a Future that is
+  done at once only in the stream's ``async_ready_steps``, otherwise when
+  EngineCore waits for it, so at most one batch is on the "worker" while the next
+  is scheduled.  Which batch EngineCore applies in a step is compared with the
+  step loop's own rule (:func:`harness.runner._async_step`);
+* an idle step (no request in the scheduler, no batch in flight) still calls the
+  step function, as vLLM's in-process client does; EngineCore returns at once.
 
 :class:`ScriptedExecutor` is a real subclass of vLLM's ``Executor`` (EngineCore
 takes the class as ``executor_class``).  It runs no model: it reports one
@@ -37,9 +46,11 @@ group and no KV connector.  The others are driven by the ``vllm`` engine only.
 from __future__ import annotations
 
 import functools
+from concurrent.futures import Future
 
 from harness.engines import vllm_env  # noqa: F401  (before vLLM is imported)
 
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.engine import EngineCoreRequest  # noqa: E402
 from vllm.v1.engine.core import EngineCore  # noqa: E402
@@ -58,6 +69,7 @@ from harness.stream import Stream, largest_mm_item  # noqa: E402
 #: The V1 scheduler's qualified name; 0.11.0's SchedulerConfig defaults to V0's,
 #: which EngineArgs replaces before EngineCore reads it.
 V1_SCHEDULER = "vllm.v1.core.sched.scheduler.Scheduler"
+ASYNC_SCHEDULER = "vllm.v1.core.sched.async_scheduler.AsyncScheduler"
 
 
 def unsupported(stream: Stream) -> str | None:
@@ -110,14 +122,20 @@ class ScriptedExecutor(Executor):
 
     @property
     def max_concurrent_batches(self) -> int:
-        return 1
+        """Two under async scheduling, as vLLM's executors report (EngineCore then steps
+        with its batch queue)."""
+        return 2 if self.scheduler_config.async_scheduling else 1
 
     @property
     def supported_tasks(self):
         return ("generate", "embed")
 
     def execute_model(self, scheduler_output, non_block: bool = False):
-        return self.engine.run_model(scheduler_output)
+        output = self.engine.run_model(scheduler_output)
+        if not non_block:
+            return output
+        return WorkerFuture(self.engine, self.engine._scheduled, self.engine._sampled, output,
+                            ready=self.engine.step in self.engine.config.async_ready_steps)
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:
         drafts, self.drafts = self.drafts, None
@@ -131,6 +149,26 @@ class ScriptedExecutor(Executor):
 
     def shutdown(self) -> None:
         pass
+
+
+class WorkerFuture(Future):
+    """A batch on the scripted worker.  Done at once in an ``async_ready_steps`` step;
+    otherwise it completes when EngineCore waits for it (``result``), which tells the
+    engine which batch EngineCore applies now."""
+
+    def __init__(self, engine: VllmCoreEngine, scheduled: Scheduled,
+                 sampled: dict[str, list[int]], output, ready: bool) -> None:
+        super().__init__()
+        self.engine, self.output = engine, output
+        self.batch = (scheduled, sampled)
+        if ready:
+            self.set_result(output)
+
+    def result(self, timeout=None):
+        if not self.done():
+            self.set_result(self.output)
+        self.engine.applied.append(self.batch)
+        return super().result(timeout)
 
 
 class GrammarCompiler:
@@ -170,8 +208,10 @@ class VllmCoreEngine(VllmEngine):
         vc, encoder = build_vllm_config(c, largest_mm_item(stream))
         # vLLM's own Scheduler class; with images, with the multimodal registry stand-in
         # bound as its mm_registry argument, as the vllm engine passes it.
-        vc.scheduler_config.scheduler_cls = (functools.partial(Scheduler, **encoder)
-                                             if encoder else V1_SCHEDULER)
+        scheduler, name = ((AsyncScheduler, ASYNC_SCHEDULER) if c.async_scheduling
+                           else (Scheduler, V1_SCHEDULER))
+        vc.scheduler_config.scheduler_cls = (functools.partial(scheduler, **encoder)
+                                             if encoder else name)
         # EngineCore checks the pool against the model config's max_model_len, which a
         # server sets from --max-model-len; the model config is shared by the streams.
         mc = vc.model_config
@@ -192,8 +232,13 @@ class VllmCoreEngine(VllmEngine):
         real_schedule, real_reset = sched.schedule, sched.reset_prefix_cache
         sched.schedule = lambda: self.observed_schedule(real_schedule)
         sched.reset_prefix_cache = lambda: self._keep_reset_answer(real_reset())
+        if (self.core.batch_queue is not None) != c.async_scheduling:
+            raise RuntimeError("EngineCore's batch queue does not follow async_scheduling")
+        self.step = 0  # the step loop's step, idle steps included
+        self._stepped = False  # whether EngineCore stepped in this step
         self._executed = False
-        self._post_step_due = False
+        # The batches (and the executor's tokens) whose output EngineCore took this step.
+        self.applied: list[tuple[Scheduled, dict]] = []
         self._scheduled: Scheduled | None = None
         self._sampled: dict[str, list[int]] | None = None
         return sched
@@ -234,35 +279,53 @@ class VllmCoreEngine(VllmEngine):
         return done
 
     def schedule(self) -> Scheduled:
-        """One ``step()``: schedule, execute, update.  A step with no request left in
-        the scheduler does not schedule at all (EngineCore returns at once)."""
-        self._finish_step()
+        """One call of EngineCore's step function: it schedules, and (without async
+        scheduling, or when the batch queue says so) applies a batch's output."""
         self._scheduled, self._sampled = None, None
-        outputs, self._executed = self.core.step_fn()
-        self._post_step_due = True
-        self._stats = scheduler_stats(outputs)
+        self._core_step()
         return self._scheduled or nothing_scheduled()
+
+    def _core_step(self) -> None:
+        outputs, self._executed = self.core.step_fn()
+        self._stepped = True
+        self._stats = scheduler_stats(outputs) if outputs else None
 
     def update(self, scheduled: Scheduled, sampled: dict[str, list[int]],
                finished_recving=(), finished_sending=()) -> None:
-        """Done inside ``step()`` already; the step loop's model must have said what the
-        executor said."""
-        if sampled != (self._sampled or {}):
+        """EngineCore applied this batch's output already (or does now, in a step that
+        schedules nothing); the step loop's model must have said what the executor said."""
+        if self.config.async_scheduling:
+            if not self._stepped:
+                self._core_step()
+            if not self.applied or self.applied[0][0] is not scheduled:
+                raise RuntimeError("the step loop applies a batch EngineCore does not apply "
+                                   "in this step")
+            expected = self.applied.pop(0)[1]
+        else:
+            expected = self._sampled or {}
+        if sampled != expected:
             raise RuntimeError(f"the step loop's model sampled {sampled}, "
-                               f"the executor {self._sampled}")
+                               f"the executor {expected}")
 
     def set_drafts(self, drafts: dict[str, list[int]]) -> None:
         ids = list(drafts)
         self.core.model_executor.drafts = DraftTokenIds(
             req_ids=ids, draft_token_ids=[list(drafts[r]) for r in ids])
-        self._finish_step()
 
-    def _finish_step(self) -> None:
-        """``post_step``, once per step, after the drafts are known."""
-        if self._post_step_due:
-            self._post_step_due = False
+    def end_step(self) -> None:
+        """``post_step`` after a step that ran (the drafts are known by then); an idle
+        step calls the step function as vLLM's in-process client does, and EngineCore
+        must do nothing."""
+        if not self._stepped:
+            outputs, executed = self.core.step_fn()
+            if outputs or executed:
+                raise RuntimeError("EngineCore stepped in a step the step loop found idle")
+        else:
             self.core.post_step(self._executed)
+        if self.applied:
+            raise RuntimeError("EngineCore applied a batch's output the step loop did not")
+        self._stepped = False
+        self.step += 1
 
     def shutdown(self) -> None:
-        self._finish_step()
         self.core.shutdown()

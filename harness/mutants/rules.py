@@ -18,7 +18,9 @@ from harness.patches import (BLOCK_POOL, KV_CACHE_COORDINATOR, KV_CACHE_MANAGER,
 from harness.patches import HYBRID_MODEL_CONFIG, KV_CACHE_INTERFACE, STRUCTURED_OUTPUT, VLLM_CONFIG
 from reference import block_hash as rhash
 from reference import block_pool as rbp
+from reference import async_scheduler as rasync
 from reference import config as rconfig
+from reference import engine_core as rengine
 from reference import encoder_cache as renc
 from reference import encoder_inputs as rencin
 from reference import group_managers as rgm
@@ -1188,6 +1190,72 @@ def _unfinished_only(self):
     return self.num_unfinished() > 0
 
 
+# -- async scheduling (reference/async_scheduler.py, reference/engine_core.py) -------------
+
+ASYNC_SCHEDULER = "vllm/v1/core/sched/async_scheduler.py"
+
+
+def async_scheduling(s) -> bool:
+    return s.config.async_scheduling
+
+
+@mutant("batch_applied_at_once", "under async scheduling a step does not wait for the "
+        "batch it just scheduled while the queue has room and the worker is busy",
+        ENGINE_CORE, replaces=(rengine, "applies_oldest_now"), applies=async_scheduling)
+def _always_waits(in_flight, queue_size, runs_work, worker_done):
+    return True
+
+
+@mutant("worker_done_not_looked_at", "a batch the worker has already finished is applied "
+        "in the step that scheduled it", ENGINE_CORE,
+        replaces=(rengine, "applies_oldest_now"), applies=async_scheduling)
+def _never_done(in_flight, queue_size, runs_work, worker_done):
+    return not (runs_work and in_flight < queue_size)
+
+
+@mutant("empty_batch_does_not_wait", "a step whose batch runs no work waits for the oldest "
+        "batch in flight", ENGINE_CORE, replaces=(rengine, "applies_oldest_now"),
+        applies=async_scheduling)
+def _empty_returns_early(in_flight, queue_size, runs_work, worker_done):
+    return in_flight >= queue_size or worker_done
+
+
+@mutant("placeholders_not_scheduled", "a running request's output placeholders count as "
+        "tokens to compute", SCHEDULER, replaces=(rsched.Scheduler, "running_tokens"),
+        applies=async_scheduling)
+def _without_placeholders(self, request, budget):
+    num_new = self.cap_long_prefill(request.num_tokens_with_spec - request.num_computed_tokens)
+    return self.cap_model_len(request, min(num_new, budget))
+
+
+@mutant("sampling_ignores_placeholders", "a grant samples (takes a placeholder) when it "
+        "reaches every known token and every placeholder", ASYNC_SCHEDULER,
+        replaces=(rasync, "samples_now"), applies=async_scheduling)
+def _samples_at_known_tokens(request):
+    return request.num_computed_tokens == request.num_tokens
+
+
+@mutant("async_outputs_not_cached", "under async scheduling the pages a batch's tokens fill "
+        "are cached when its output is applied", ASYNC_SCHEDULER,
+        replaces=(rasync.AsyncScheduler, "_append_outputs"), applies=async_scheduling)
+def _append_without_caching(self, request, tokens):
+    kept, stopped = rsched.Scheduler._append_outputs(self, request, tokens)
+    request.num_output_placeholders -= len(kept)
+    return kept, stopped
+
+
+@mutant("placeholders_kept_after_output", "a token applied takes its placeholder's place",
+        ASYNC_SCHEDULER, replaces=(rasync.AsyncScheduler, "_append_outputs"),
+        applies=async_scheduling)
+def _append_keeping_placeholders(self, request, tokens):
+    was_running = request.status == RequestStatus.RUNNING
+    kept, stopped = rsched.Scheduler._append_outputs(self, request, tokens)
+    if was_running:
+        self.kv.cache_blocks(request, request.num_computed_tokens
+                             - request.num_output_placeholders)
+    return kept, stopped
+
+
 # -- the rule changes of later releases (reference/releases.py) ---------------------------
 # Each mutant takes one rule change out of every release that has it.  The suite kills it
 # by replaying that release's recorded traces (side "release <version>": no vLLM needed).
@@ -1206,6 +1274,8 @@ _CHANGE_MODULES = {
     "eagle_encoder_one_token_ahead": SCHEDULER,
     "eagle_lookahead_item_waits": SCHEDULER,
     "abort_skips_finished_requests": SCHEDULER,
+    "kv_events_published_after_update": SCHEDULER,
+    "async_skips_requests_at_max_tokens": SCHEDULER,
 }
 
 
@@ -1227,6 +1297,8 @@ _CHANGE_APPLIES = {
     "eagle_lookahead_item_waits": encoder_eagle,
     "abort_skips_finished_requests": lambda s: connector_sends(s) and any(
         r.abort_step is not None for r in s.requests),
+    "kv_events_published_after_update": lambda s: async_scheduling(s) and s.config.kv_cache_events,
+    "async_skips_requests_at_max_tokens": async_scheduling,
 }
 
 for _change in releases.CHANGES:

@@ -1,0 +1,28 @@
+"""The engine loop's rules that show in a trace: when a step applies a batch's output.
+
+Mirrors: vllm/v1/engine/core.py (EngineCore.step, step_with_batch_queue,
+``max_concurrent_batches`` of vLLM's executors).
+
+Without async scheduling a step schedules, runs the model and applies its
+output at once.  With it, EngineCore keeps a queue of batches in flight: a
+step schedules a batch (if the scheduler holds any request) and hands it to
+the worker without waiting; it applies the oldest batch's output only when it
+has to -- the queue is full, the new batch runs no work, or the worker is
+already done with it.
+"""
+
+from __future__ import annotations
+
+
+def batch_queue_size(async_scheduling: bool) -> int:
+    """Batches in flight at most: two under async scheduling (one on the worker, one
+    being scheduled), as vLLM's executors report; one otherwise."""
+    return 2 if async_scheduling else 1
+
+
+def applies_oldest_now(in_flight: int, queue_size: int, runs_work: bool,
+                       worker_done: bool) -> bool:
+    """After a step scheduled a batch (``in_flight`` counts it): does the step wait for
+    the oldest batch and apply its output?  Not while the new batch runs work, the queue
+    has room for another and the worker is still busy with the oldest."""
+    return not (runs_work and in_flight < queue_size and not worker_done)
