@@ -31,8 +31,13 @@ class Divergence:
 
 
 def first_divergence(a: dict[str, Any], b: dict[str, Any]) -> Divergence | None:
-    """The first step (and field) where trace ``a`` and trace ``b`` differ."""
+    """The first step (and field) where trace ``a`` and trace ``b`` differ; the pool of the
+    header (``kv_cache``) first."""
     ea, eb = a["engine"], b["engine"]
+    if a.get("kv_cache") != b.get("kv_cache"):
+        dd = DeepDiff(a.get("kv_cache"), b.get("kv_cache"), verbose_level=2)
+        return Divergence(None, "kv_cache", a.get("kv_cache"), b.get("kv_cache"),
+                          _describe(dd), ea, eb)
     for i, (sa, sb) in enumerate(zip(a["steps"], b["steps"])):
         if sa == sb:
             continue

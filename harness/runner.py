@@ -64,6 +64,7 @@ def run(engine: Engine, stream: Stream, limits: Limits | None = None) -> Trace:
     trace = Trace(engine=engine.name, vllm_version=engine.version(), stream=stream)
     try:
         engine.start(stream)
+        trace.kv_cache = engine.kv_cache_header()
         _loop(engine, stream, trace, limits or Limits())
         engine.shutdown()
     except LimitExceeded as exc:

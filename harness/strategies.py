@@ -50,6 +50,8 @@ from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import SearchStrategy
 
 from harness.model import accepted_prefix
+from harness.paths import MODELS_DIR
+from reference import kv_sizing
 from harness.stream import (Config, KVCacheGroup, RequestSpec, StreamError,
                             max_pages_per_request, parse_stream)
 
@@ -126,9 +128,12 @@ def configs(draw, **overrides: Any) -> dict[str, Any]:
     alone can never be scheduled again and the run ends at ``max_steps``, in
     vLLM as in the reference; hence the minimum is drawn only now and then.
 
+    One config in eight without ``kv_cache_groups`` or a given pool gives the pool as
+    ``kv_cache_memory_bytes`` instead: the same pages' bytes plus less than a page.
+
     Shrinks towards: block_size 4, max_model_len 8, chunked prefill and prefix
     caching on, 1 seat, the smallest legal budget, one spare page, no
-    long-prefill threshold, fcfs, no speculative decoding, ngram.
+    long-prefill threshold, fcfs, no speculative decoding, ngram, num_gpu_blocks.
     """
     unknown = set(overrides) - _CONFIG_FIELDS - {"spare_blocks", "budget", "hybrid"}
     if unknown:
@@ -190,6 +195,13 @@ def configs(draw, **overrides: Any) -> dict[str, Any]:
     max_loras = _value(draw, overrides.get("max_loras"))
     if max_loras is not None:
         config["max_loras"] = max_loras
+    if groups is None and spare is not None and _one_in(draw, 8):
+        # The pool as start-up sizes it from the worker's memory report: the same pages,
+        # and up to a page's worth of bytes that make none.
+        page = kv_sizing.ModelShape.load(MODELS_DIR / config["model"]).page_size_bytes_all_layers(
+            block_size)
+        config["kv_cache_memory_bytes"] = (config.pop("num_gpu_blocks") * page
+                                           + draw(st.integers(0, page - 1)))
     _check_config_dict(config)
     return config
 
@@ -1339,8 +1351,10 @@ def _add_follow_up(draw, data: dict[str, Any], arrival: int) -> None:
         return
     earlier = draw(st.sampled_from(generating))
     prompt = (earlier["prompt"] + earlier["output"])[:data["config"]["max_model_len"] - 1]
+    taken = {r["id"] for r in data["requests"]}
     follow_up = {**{k: v for k, v in earlier.items() if k not in ("id", "abort_step")},
-                 "id": "follow-up", "prompt": prompt, "arrival_step": arrival}
+                 "id": next(f"r{n}" for n in range(999, 0, -1) if f"r{n}" not in taken),
+                 "prompt": prompt, "arrival_step": arrival}
     candidate = {**data, "requests": data["requests"] + [follow_up]}
     try:
         parse_stream(candidate)

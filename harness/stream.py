@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.paths import MODELS_DIR, STREAM_SCHEMA
+from reference import kv_sizing
 from reference.arith import cdiv
 
 
@@ -105,6 +106,10 @@ class Config:
     # engine looks, right after scheduling it; that step also applies its output.  Every
     # other batch is applied one step later, after the next batch is scheduled.
     async_ready_steps: tuple[int, ...] = ()
+    # The KV cache memory the worker reports free at start-up, in bytes (vLLM's
+    # determine_available_memory).  When given, the pool is what vLLM's start-up makes
+    # of it for the model (num_gpu_blocks is then computed, not given).
+    kv_cache_memory_bytes: int | None = None
     model: str = "qwen2.5-0.5b"
     max_steps: int = 1000
 
@@ -127,6 +132,8 @@ class Config:
         out = _without_absent(asdict(self), OPTIONAL_CONFIG_FIELDS)
         if self.async_ready_steps:
             out["async_ready_steps"] = list(self.async_ready_steps)
+        if self.kv_cache_memory_bytes is not None:
+            del out["num_gpu_blocks"]  # computed from the memory
         if self.kv_cache_groups is not None:
             out["kv_cache_groups"] = [g.to_json() for g in self.kv_cache_groups]
         return out
@@ -138,7 +145,8 @@ OPTIONAL_CONFIG_FIELDS = {"kv_cache_groups": None, "max_loras": None,
                           "encoder_compute_budget": None, "encoder_cache_size": None,
                           "max_tokens_per_mm_item": None, "disable_chunked_mm_input": False,
                           "log_stats": False, "kv_cache_events": False, "kv_role": None,
-                          "async_scheduling": False, "async_ready_steps": ()}
+                          "async_scheduling": False, "async_ready_steps": (),
+                          "kv_cache_memory_bytes": None}
 OPTIONAL_REQUEST_FIELDS = {"lora": None, "structured_output": None, "mm_inputs": (),
                            "pooling": False, "kv_transfer": None}
 
@@ -368,10 +376,38 @@ def parse_stream(data: Any, default_name: str = "") -> Stream:
     if errors:
         raise StreamError(errors)
     stream = _build(data, default_name)
-    errors = rule_errors(stream)
+    errors = _pool_given_twice(data) + rule_errors(stream)
     if errors:
         raise StreamError(errors)
     return stream
+
+
+def _pool_given_twice(data: dict[str, Any]) -> list[str]:
+    config = data.get("config", {})
+    if "num_gpu_blocks" in config and config.get("kv_cache_memory_bytes") is not None:
+        return ["config.num_gpu_blocks: not with kv_cache_memory_bytes (the pool is computed "
+                "from the memory)"]
+    return []
+
+
+def kv_cache_layout(c: Config) -> kv_sizing.KVCacheLayout:
+    """What vLLM's start-up makes of ``kv_cache_memory_bytes`` for the stream's model
+    (reference.kv_sizing; raises NotEnoughKVCacheMemory as vLLM raises at start-up)."""
+    shape = kv_sizing.ModelShape.load(MODELS_DIR / c.model)
+    return kv_sizing.kv_cache_layout(shape, c.block_size, c.kv_cache_memory_bytes,
+                                     c.max_model_len)
+
+
+def _pool_from_memory(config: dict[str, Any]) -> dict[str, Any]:
+    """The config with num_gpu_blocks computed from kv_cache_memory_bytes, where it can
+    be (the rules report a model, memory or groups it cannot be computed for)."""
+    try:
+        c = Config(**config)
+        if c.kv_cache_groups is None and (MODELS_DIR / c.model / "config.json").is_file():
+            return {**config, "num_gpu_blocks": kv_cache_layout(c).num_blocks}
+    except (TypeError, ValueError, KeyError, OSError):
+        pass
+    return config
 
 
 def _build(data: dict[str, Any], default_name: str) -> Stream:
@@ -390,6 +426,8 @@ def _build(data: dict[str, Any], default_name: str) -> Stream:
         config["kv_cache_groups"] = tuple(KVCacheGroup(**g) for g in config["kv_cache_groups"])
     if "async_ready_steps" in config:
         config["async_ready_steps"] = tuple(sorted(set(config["async_ready_steps"])))
+    if config.get("kv_cache_memory_bytes") is not None:
+        config = _pool_from_memory(config)
     return Stream(Config(**config), requests,
                   data.get("name", default_name), data.get("description", ""),
                   tuple(sorted(set(data.get("reset_prefix_cache_steps", ())))))
@@ -542,6 +580,31 @@ def rule_errors(s: Stream) -> list[str]:
     return _config_errors(s.config) + _request_errors(s)
 
 
+#: The schema's bound on num_gpu_blocks, which a pool computed from memory keeps too.
+MAX_POOL_PAGES = 1048576
+
+
+def _memory_errors(c: Config) -> list[str]:
+    """The pool from memory: one full-attention group (vLLM's start-up for the bundled
+    models), and enough memory for one max_model_len request (vLLM's start-up check)."""
+    if c.kv_cache_memory_bytes is None:
+        return []
+    if c.kv_cache_groups is not None:
+        return ["config.kv_cache_memory_bytes: not with kv_cache_groups (the pool of a "
+                "stream with its own groups is given as num_gpu_blocks)"]
+    try:
+        layout = kv_cache_layout(c)
+    except kv_sizing.NotEnoughKVCacheMemory as exc:
+        return [f"config.kv_cache_memory_bytes: too small for one max_model_len request "
+                f"({exc.needed} bytes needed; vLLM refuses to start)"]
+    except (ValueError, KeyError, OSError):
+        return []  # the model's own error is reported
+    if layout.num_blocks > MAX_POOL_PAGES:
+        return [f"config.kv_cache_memory_bytes: makes {layout.num_blocks} pages, more than "
+                f"the {MAX_POOL_PAGES} num_gpu_blocks may be"]
+    return []
+
+
 def _async_errors(c: Config) -> list[str]:
     """vLLM 0.11.0 refuses speculative decoding with async scheduling at start-up; the
     harness does not script a KV connector's transfers under it."""
@@ -580,6 +643,7 @@ def _config_errors(c: Config) -> list[str]:
         errors.append("config.kv_role: a KV connector needs a single KV cache group "
                       "(vLLM 0.11.0's scheduler asserts it)")
     errors += _async_errors(c)
+    errors += _memory_errors(c)
     if c.kv_cache_events and len(c.groups) > 1:
         errors.append("config.kv_cache_events: needs a single KV cache group (vLLM 0.11.0 turns "
                       "its hybrid KV cache manager off when KV cache events are on)")

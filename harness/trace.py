@@ -67,6 +67,9 @@ class Trace:
     steps: list[dict[str, Any]] = field(default_factory=list)
     verdict: str = ""
     failure: dict[str, Any] | None = None
+    # The pool start-up made of kv_cache_memory_bytes (Engine.kv_cache_header); None
+    # for a stream that gives num_gpu_blocks (its traces keep their bytes).
+    kv_cache: dict[str, Any] | None = None
 
     def complete(self) -> None:
         self.verdict = COMPLETED
@@ -76,7 +79,7 @@ class Trace:
         self.failure = {"step": step, "message": message}
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "engine": self.engine,
             "vllm_version": self.vllm_version,
             "stream": self.stream.to_json(),
@@ -85,6 +88,9 @@ class Trace:
             "failure": self.failure,
             "steps": self.steps,
         }
+        if self.kv_cache is not None:
+            out["kv_cache"] = self.kv_cache
+        return out
 
     def dumps(self) -> str:
         return canonical_json(self.to_json())

@@ -177,6 +177,15 @@ def kv_cache_tensor_shape(num_blocks: int, block_size: int, num_kv_heads: int,
     return (2, num_blocks, block_size, num_kv_heads, head_size)
 
 
+def flash_attention_shape(num_blocks: int, block_size: int, num_kv_heads: int,
+                          head_size: int) -> tuple[int, int, int, int, int] | None:
+    """The flash-attention backend's KV tensor shape of one layer, or None for a block
+    size it refuses (not a multiple of 16)."""
+    if block_size % 16:
+        return None
+    return kv_cache_tensor_shape(num_blocks, block_size, num_kv_heads, head_size)
+
+
 def override_num_blocks(num_blocks: int, num_gpu_blocks_override: int | None) -> int:
     """CacheConfig.num_gpu_blocks_override, when set (even to 0), wins outright.
 

@@ -754,3 +754,36 @@ def test_async_scheduling_rules():
     ok = parse_stream(stream(config={"async_scheduling": True, "async_ready_steps": [3, 1, 3]}))
     assert ok.config.async_ready_steps == (1, 3)
     assert ok.to_json()["config"]["async_ready_steps"] == [1, 3]
+
+
+# -- the pool from memory ----------------------------------------------------------------------
+
+#: Qwen2.5-0.5B (the default model): 24 layers x 512 B per token and layer, 16-token pages.
+PAGE_16 = 24 * 512 * 16
+
+
+def test_pool_from_memory_is_what_start_up_makes_of_it():
+    base = {k: v for k, v in SMALL.items() if k != "num_gpu_blocks"}
+    s = parse_stream({"config": {**base, "block_size": 16, "max_model_len": 64,
+                                 "kv_cache_memory_bytes": 10 * PAGE_16 + 5}, "requests": [req()]})
+    assert s.config.num_gpu_blocks == 10
+    assert "num_gpu_blocks" not in s.to_json()["config"]
+    assert parse_stream(s.to_json()).config.num_gpu_blocks == 10  # the canonical form re-parses
+
+
+def test_pool_from_memory_rules():
+    base = {k: v for k, v in SMALL.items() if k != "num_gpu_blocks"}
+    data = {"config": {**base, "block_size": 16, "max_model_len": 64}, "requests": [req()]}
+    rejects({**data, "config": {**data["config"], "kv_cache_memory_bytes": 4 * PAGE_16 - 1}},
+            r"^config\.kv_cache_memory_bytes: too small for one max_model_len request "
+            r"\(786432 bytes needed; vLLM refuses to start\)")
+    rejects({**data, "config": {**data["config"], "kv_cache_memory_bytes": 4 * PAGE_16,
+                                "num_gpu_blocks": 4}},
+            r"^config\.num_gpu_blocks: not with kv_cache_memory_bytes")
+    rejects({**data, "config": {**data["config"], "kv_cache_memory_bytes": 0}},
+            r"^config\.kv_cache_memory_bytes: must be >= 1 byte")
+    rejects({**data, "config": {**data["config"], "kv_cache_memory_bytes": PAGE_16 << 22}},
+            r"^config\.kv_cache_memory_bytes: makes 4194304 pages, more than the 1048576")
+    rejects({**data, "config": {**data["config"], "kv_cache_memory_bytes": 8 * PAGE_16,
+                                "kv_cache_groups": [{"type": "full"}]}},
+            r"^config\.kv_cache_memory_bytes: not with kv_cache_groups")

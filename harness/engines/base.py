@@ -58,6 +58,18 @@ class Scheduled:
     placeholders: dict[str, int] = field(default_factory=dict)
 
 
+def kv_cache_header(num_blocks: int, block_size: int, num_layers: int, layer_page_bytes: int,
+                    tensor_shape) -> dict:
+    """The trace header of a pool sized from memory: the pages, one page over all layers
+    and one token over all layers in bytes, and one layer's KV tensor shape in the
+    flash-attention layout (K/V, pages, tokens per page, KV heads, head size; None for a
+    block size that backend refuses)."""
+    return {"num_blocks": num_blocks, "num_layers": num_layers,
+            "page_size_bytes": layer_page_bytes * num_layers,
+            "bytes_per_token": layer_page_bytes * num_layers // block_size,
+            "tensor_shape": None if tensor_shape is None else list(tensor_shape)}
+
+
 def nothing_scheduled() -> Scheduled:
     """A step that schedules nothing (the engine idles)."""
     return Scheduled([], {}, [], [], {}, {}, {}, {}, {})
@@ -127,6 +139,10 @@ class Engine(Protocol):
     def state(self, req_id: str) -> RequestState: ...
 
     def num_free_blocks(self) -> int: ...
+
+    def kv_cache_header(self) -> dict | None:
+        """The pool start-up made of the stream's ``kv_cache_memory_bytes``, as
+        :func:`kv_cache_header` writes it; None when the stream gives num_gpu_blocks."""
 
     def applies_oldest_now(self, in_flight: int, runs_work: bool, worker_done: bool) -> bool:
         """Async scheduling, after a step scheduled a batch (``in_flight`` counts it):

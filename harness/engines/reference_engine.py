@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from reference import engine_core, events, releases
+from reference import engine_core, events, kv_sizing, releases
 from reference.async_scheduler import AsyncScheduler
 from reference.config import Config
 from reference.encoder_cache import EncoderInput
@@ -18,9 +18,9 @@ from reference.slot_mapping import WorkerBlockTable
 from reference.structured_output import Grammar
 
 from harness.engines.base import (NEW, RESUMED, RUNNING, ConnectorScript, Handed, HashNumbers,
-                                  Observed, RequestState, Scheduled, kv_event_records,
-                                  stats_record, to_scheduled)
-from harness.stream import RequestSpec, Stream, largest_mm_item, lora_ids
+                                  Observed, RequestState, Scheduled, kv_cache_header,
+                                  kv_event_records, stats_record, to_scheduled)
+from harness.stream import RequestSpec, Stream, kv_cache_layout, largest_mm_item, lora_ids
 from reference.arith import cdiv
 
 def reference_config(stream: Stream, rules: frozenset[str] = frozenset()) -> Config:
@@ -117,6 +117,7 @@ class ReferenceEngine:
 
     def start(self, stream: Stream) -> None:
         self.config = reference_config(stream, self.rules)
+        self.stream_config = stream.config
         self.lora_ids = lora_ids(stream)
         self.recorder = Recorder()
         self.script = ConnectorScript(stream) if stream.config.kv_role is not None else None
@@ -211,6 +212,17 @@ class ReferenceEngine:
         return RequestState(status=r.status.name, num_computed_tokens=r.num_computed_tokens,
                             num_output_tokens=r.num_output_tokens,
                             num_output_placeholders=r.num_output_placeholders)
+
+    def kv_cache_header(self) -> dict | None:
+        if self.stream_config.kv_cache_memory_bytes is None:
+            return None
+        layout = kv_cache_layout(self.stream_config)
+        shape, size = layout.shape, layout.block_size
+        return kv_cache_header(layout.num_blocks, size, shape.num_layers,
+                               shape.page_size_bytes(size),
+                               kv_sizing.flash_attention_shape(layout.num_blocks, size,
+                                                               shape.num_kv_heads,
+                                                               shape.head_size))
 
     def applies_oldest_now(self, in_flight: int, runs_work: bool, worker_done: bool) -> bool:
         size = engine_core.batch_queue_size(self.config.async_scheduling)

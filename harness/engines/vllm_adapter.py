@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from harness.engines import vllm_env  # before vLLM is imported
 
+import dataclasses  # noqa: E402
 from collections import deque  # noqa: E402
 from concurrent.futures import Future  # noqa: E402
 
@@ -65,6 +66,8 @@ from vllm.pooling_params import PoolingParams  # noqa: E402
 from vllm.sampling_params import SamplingParams, StructuredOutputsParams  # noqa: E402
 from vllm.v1.core.kv_cache_utils import (get_request_block_hasher,  # noqa: E402
                                          init_none_hash)
+from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend  # noqa: E402
+from vllm.v1.core import kv_cache_utils as ku  # noqa: E402
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import (ChunkedLocalAttentionSpec,  # noqa: E402
@@ -80,7 +83,8 @@ from harness.engines import vllm_compat as compat  # noqa: E402
 from harness.engines import vllm_connector  # noqa: E402
 from harness.engines.base import (NEW, RESUMED, RUNNING, ConnectorScript, Handed,  # noqa: E402
                                   HashNumbers, Observed, RequestState, Scheduled,
-                                  kv_event_records, stats_record, to_scheduled)
+                                  kv_cache_header, kv_event_records, stats_record,
+                                  to_scheduled)
 from harness.paths import MODELS_DIR  # noqa: E402
 from harness.stream import Config, RequestSpec, Stream, largest_mm_item, lora_ids  # noqa: E402
 from reference.arith import cdiv  # noqa: E402
@@ -323,6 +327,43 @@ def build_vllm_config(c: Config, largest_mm_item: int = 0,
     return vc, encoder
 
 
+def layer_specs(vc: VllmConfig) -> dict[str, FullAttentionSpec]:
+    """One full-attention spec per model layer, as the model runner reports them."""
+    mc, pc = vc.model_config, vc.parallel_config
+    spec = FullAttentionSpec(block_size=vc.cache_config.block_size,
+                             num_kv_heads=mc.get_num_kv_heads(pc),
+                             head_size=mc.get_head_size(), dtype=mc.dtype)
+    return {f"layers.{i}": spec for i in range(mc.get_num_layers(pc))}
+
+
+def pool_header(vc: VllmConfig, num_blocks: int) -> dict:
+    """The trace header of a pool of ``num_blocks`` pages for the model's layers."""
+    specs = layer_specs(vc)
+    spec = next(iter(specs.values()))
+    try:
+        shape = FlashAttentionBackend.get_kv_cache_shape(num_blocks, spec.block_size,
+                                                         spec.num_kv_heads, spec.head_size)
+    except ValueError:  # the backend refuses this block size
+        shape = None
+    return kv_cache_header(num_blocks, spec.block_size, len(specs), spec.page_size_bytes, shape)
+
+
+def pages_from_memory(c: Config) -> int:
+    """What vLLM's start-up sizing (``get_kv_cache_configs``) makes of the stream's
+    ``kv_cache_memory_bytes``."""
+    vc, _ = build_vllm_config(c)
+    vc.cache_config.num_gpu_blocks = None
+    # The model config is shared by the streams: the stream's max_model_len only for
+    # this call (a server sets it from --max-model-len; vLLM's estimate may change it).
+    mc = vc.model_config
+    model_max, mc.max_model_len = mc.max_model_len, c.max_model_len
+    try:
+        (config,) = ku.get_kv_cache_configs(vc, [layer_specs(vc)], [c.kv_cache_memory_bytes])
+    finally:
+        mc.max_model_len = model_max
+    return config.num_blocks
+
+
 def kv_cache_config(c: Config, vc: VllmConfig) -> KVCacheConfig:
     """The scheduler's KVCacheConfig: one KVCacheGroupSpec per stream group, in order.
 
@@ -397,6 +438,10 @@ class VllmEngine:
 
     def start(self, stream: Stream) -> None:
         c = stream.config
+        if c.kv_cache_memory_bytes is not None:
+            # The pool is vLLM's own answer for the memory, whatever the stream computed.
+            c = dataclasses.replace(c, num_gpu_blocks=pages_from_memory(c))
+            stream = dataclasses.replace(stream, config=c)
         self.config = c
         self.script = ConnectorScript(stream) if c.kv_role is not None else None
         self.sched = self._build(stream)
@@ -609,6 +654,11 @@ class VllmEngine:
         return RequestState(status=r.status.name, num_computed_tokens=r.num_computed_tokens,
                             num_output_tokens=r.num_output_tokens,
                             num_output_placeholders=r.num_output_placeholders)
+
+    def kv_cache_header(self) -> dict | None:
+        if self.config.kv_cache_memory_bytes is None:
+            return None
+        return pool_header(self.sched.vllm_config, self.sched.kv_cache_config.num_blocks)
 
     def applies_oldest_now(self, in_flight: int, runs_work: bool, worker_done: bool) -> bool:
         """This engine drives vLLM's scheduler without EngineCore; the step loop imitates

@@ -55,15 +55,14 @@ from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.engine import EngineCoreRequest  # noqa: E402
 from vllm.v1.engine.core import EngineCore  # noqa: E402
 from vllm.v1.executor.abstract import Executor  # noqa: E402
-from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: E402
 from vllm.v1.outputs import DraftTokenIds  # noqa: E402
 
 from harness import model  # noqa: E402
 from harness.engines import vllm_compat as compat  # noqa: E402
 from harness.engines.base import Scheduled, nothing_scheduled  # noqa: E402
 from harness.engines.vllm_adapter import (VllmEngine, build_vllm_config,  # noqa: E402
-                                          mm_features, pooling_params, sampling_params,
-                                          scheduler_stats)
+                                          layer_specs, mm_features, pooling_params,
+                                          sampling_params, scheduler_stats)
 from harness.stream import Stream, largest_mm_item  # noqa: E402
 
 #: The V1 scheduler's qualified name; 0.11.0's SchedulerConfig defaults to V0's,
@@ -101,21 +100,18 @@ class ScriptedExecutor(Executor):
     def check_health(self) -> None:
         pass
 
-    def _layers(self) -> dict[str, FullAttentionSpec]:
-        mc, pc = self.vllm_config.model_config, self.vllm_config.parallel_config
-        spec = FullAttentionSpec(block_size=self.cache_config.block_size,
-                                 num_kv_heads=mc.get_num_kv_heads(pc),
-                                 head_size=mc.get_head_size(), dtype=mc.dtype)
-        return {f"layers.{i}": spec for i in range(mc.get_num_layers(pc))}
-
     def get_kv_cache_specs(self):
-        return [self._layers()]
+        return [layer_specs(self.vllm_config)]
 
     def determine_available_memory(self):
-        """Exactly the stream's pool: ``num_gpu_blocks`` pages in every layer."""
-        layers = self._layers()
+        """The stream's ``kv_cache_memory_bytes``, or exactly its pool: ``num_gpu_blocks``
+        pages in every layer."""
+        c = self.engine.config
+        if c.kv_cache_memory_bytes is not None:
+            return [c.kv_cache_memory_bytes]
+        layers = layer_specs(self.vllm_config)
         page = next(iter(layers.values())).page_size_bytes
-        return [self.engine.config.num_gpu_blocks * page * len(layers)]
+        return [c.num_gpu_blocks * page * len(layers)]
 
     def initialize_from_config(self, kv_cache_configs) -> None:
         self.kv_cache_configs = kv_cache_configs
@@ -227,7 +223,7 @@ class VllmCoreEngine(VllmEngine):
         pool = self.core.scheduler.kv_cache_manager.block_pool
         if pool.num_gpu_blocks != c.num_gpu_blocks:
             raise RuntimeError(f"EngineCore sized the pool at {pool.num_gpu_blocks} pages, "
-                               f"the stream asks for {c.num_gpu_blocks}")
+                               f"vLLM's sizing function at {c.num_gpu_blocks}")
         sched = self.core.scheduler
         real_schedule, real_reset = sched.schedule, sched.reset_prefix_cache
         sched.schedule = lambda: self.observed_schedule(real_schedule)

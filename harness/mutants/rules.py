@@ -1190,6 +1190,15 @@ def _unfinished_only(self):
     return self.num_unfinished() > 0
 
 
+@mutant("flash_layout_for_any_block_size", "the flash-attention backend refuses a block "
+        "size that is not a multiple of 16 (no tensor layout in the trace header)",
+        "vllm/v1/attention/backends/flash_attn.py",
+        replaces=(rkvs, "flash_attention_shape"),
+        applies=lambda s: s.config.kv_cache_memory_bytes is not None)
+def _flash_layout_always(num_blocks, block_size, num_kv_heads, head_size):
+    return rkvs.kv_cache_tensor_shape(num_blocks, block_size, num_kv_heads, head_size)
+
+
 # -- async scheduling (reference/async_scheduler.py, reference/engine_core.py) -------------
 
 ASYNC_SCHEDULER = "vllm/v1/core/sched/async_scheduler.py"
