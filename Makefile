@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test conformance fuzz coverage mutants record bench upgrade-check clean distclean
+.PHONY: install test conformance fuzz coverage mutants record bench upgrade-check gpu-check clean distclean
 
 install: $(STAMP)
 
@@ -36,6 +36,11 @@ record: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m harness bench
+
+# Captures of the bundled streams by a model that samples, turned into scripted streams and
+# replayed (docs/gpu-check.md); without a GPU, the CPU half.
+gpu-check: $(STAMP)
+	$(PY) -m harness gpu-check
 
 # make upgrade-check VLLM=0.12.0: that release against 0.11.0's rules (docs/upgrades/).
 upgrade-check: $(STAMP)

@@ -26,7 +26,7 @@ from typing import NoReturn, Sequence
 
 from harness import __version__
 from harness.engines import ENGINE_NAMES, EngineUnavailable, UnknownEngine, get_engine
-from harness.paths import DOCS_DIR, golden_dir
+from harness.paths import DOCS_DIR, STREAMS_DIR, golden_dir
 from harness.stream import Stream, StreamError, load_stream
 
 EXIT_OK, EXIT_DIFF, EXIT_BAD_INPUT, EXIT_CANNOT_DRIVE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -162,6 +162,24 @@ def cmd_replay(ns) -> int:
     if not folder.is_dir():
         raise UsageError(f"{folder}: no such folder")
     return replay(folder, verbose=True)
+
+
+def cmd_capture_check(ns) -> int:
+    from harness.capture import capture_check
+    engines = [e.strip() for e in ns.engines.split(",") if e.strip()]
+    for e in engines:
+        if e not in ENGINE_NAMES:
+            raise UsageError(f"--engines: {e!r} is not an engine ({', '.join(ENGINE_NAMES)})")
+    paths = stream_paths(ns.captures)
+    out = output_folder(ns.streams_out) if ns.streams_out else None
+    return capture_check(paths, tuple(engines or ["reference"]), out)
+
+
+def cmd_gpu_check(ns) -> int:
+    from harness.capture import gpu_check
+    paths = stream_paths(ns.streams or [str(STREAMS_DIR)])
+    out = output_folder(ns.output) if ns.output else None
+    return gpu_check(paths, out)
 
 
 def cmd_fuzz(ns) -> int:
@@ -303,6 +321,23 @@ def build_parser() -> argparse.ArgumentParser:
                         "comma-separated: vllm (vLLM's scheduler under the step loop), "
                         "vllm-core (vLLM's EngineCore; streams it does not take are skipped)")
     cv.set_defaults(func=cmd_coverage)
+
+    cc = sub.add_parser("capture-check", help="captures (traces whose model really sampled) "
+                                              "turned into scripted streams and replayed")
+    cc.add_argument("captures", nargs="+", help="capture files (traces) or folders of them")
+    cc.add_argument("--engines", default="reference",
+                    help="engines to replay the captures' streams on, comma-separated "
+                         "(default: reference)")
+    cc.add_argument("--streams-out", default=None, metavar="DIR",
+                    help="also write each capture's stream to DIR/<capture name>.json")
+    cc.set_defaults(func=cmd_capture_check)
+
+    g = sub.add_parser("gpu-check", help="make gpu-check: capture streams with a sampling "
+                                         "model and check the captures (the CPU half without "
+                                         "a GPU)")
+    g.add_argument("streams", nargs="*", help="streams (default: the bundled ones)")
+    g.add_argument("-o", "--output", default=None, metavar="DIR", help="keep the captures in DIR")
+    g.set_defaults(func=cmd_gpu_check)
 
     r = sub.add_parser("reach", help="the rule report: streams of a profile that reach each "
                                      "named rule (its mutant changes their trace)")

@@ -39,7 +39,7 @@ LAYERS: list[tuple[str, ...]] = [
     # property registry, the mutant catalogue
     ("conformance", "kv_sizing_check", "golden", "table", "bench", "properties", "mutants"),
     # campaigns and the mutant hunt
-    ("campaign", "reach", "upgrade"),
+    ("campaign", "reach", "upgrade", "capture"),
     # the upgrade check from the base environment
     ("upgrade_check", "mutants.hunt", "code_coverage"),
     # the main job

@@ -131,3 +131,9 @@ def _vllm_importable():
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
+
+
+def gpu_available() -> bool:
+    """Whether torch sees a CUDA device (the GPU half of ``make gpu-check``)."""
+    import torch
+    return bool(torch.cuda.is_available())
