@@ -87,12 +87,31 @@ def test_a_step_loop_that_applies_batches_early_is_caught(core_engine, vllm_engi
 
 
 def test_streams_vllm_core_does_not_take_are_refused_with_the_reason(core_engine):
+    twice = parse_stream(stream_dict({"num_gpu_blocks": 40, "kv_cache_groups": [
+        {"type": "full"}, {"type": "sliding_window", "sliding_window": 8},
+        {"type": "sliding_window", "sliding_window": 8}]}))
+    assert "two KV cache groups of the same kind" in core_engine.refuses(twice)
+    with pytest.raises(ValueError, match="vllm-core engine does not take this stream: two KV"):
+        core_engine.start(twice)
+    assert core_engine.refuses(parse_stream(stream_dict())) is None
     hybrid = parse_stream(stream_dict({"kv_cache_groups": [
         {"type": "full"}, {"type": "sliding_window", "sliding_window": 8}]}))
-    assert "hybrid" in core_engine.refuses(hybrid)
-    with pytest.raises(ValueError, match="vllm-core engine does not take this stream: hybrid"):
-        core_engine.start(hybrid)
-    assert core_engine.refuses(parse_stream(stream_dict())) is None
+    assert core_engine.refuses(hybrid) is None
+
+
+def test_engine_core_groups_the_layers_of_a_hybrid_stream(core_engine):
+    """EngineCore makes the stream's groups itself from the layers' specs, in order, with
+    the stream's pool."""
+    stream = parse_stream(stream_dict({"num_gpu_blocks": 30, "enable_prefix_caching": False,
+                                       "kv_cache_groups": [
+        {"type": "full"}, {"type": "sliding_window", "sliding_window": 8},
+        {"type": "chunked_local", "attention_chunk_size": 8}]}))
+    core_engine.start(stream)
+    config = core_engine.core.scheduler.kv_cache_config
+    kinds = [type(g.kv_cache_spec).__name__ for g in config.kv_cache_groups]
+    assert kinds == ["FullAttentionSpec", "SlidingWindowSpec", "ChunkedLocalAttentionSpec"]
+    assert config.num_blocks == 30
+    core_engine.shutdown()
 
 
 def test_engine_core_sizes_the_pool_of_the_stream(core_engine):

@@ -39,8 +39,13 @@ with images that is vLLM's ``Scheduler`` with the multimodal registry stand-in
 of the ``vllm`` engine bound as its ``mm_registry`` argument (the bundled text
 models have no encoder of their own).
 
-Streams this engine takes (:func:`unsupported`): one full-attention KV cache
-group and no KV connector.  The others are driven by the ``vllm`` engine only.
+Hybrid KV cache groups: the executor reports two layers per stream group with
+the group's spec, and EngineCore groups the layers itself (vLLM's
+``get_kv_cache_groups``), with the hybrid KV cache manager on as on a CUDA GPU.
+
+Streams this engine takes (:func:`unsupported`): no KV connector, no Mamba group
+and no two groups of the same kind.  The others are driven by the ``vllm``
+engine only.
 """
 
 from __future__ import annotations
@@ -61,7 +66,7 @@ from harness import model  # noqa: E402
 from harness.engines import vllm_compat as compat  # noqa: E402
 from harness.engines.base import Scheduled, nothing_scheduled  # noqa: E402
 from harness.engines.vllm_adapter import (VllmEngine, build_vllm_config,  # noqa: E402
-                                          layer_specs, mm_features, pooling_params,
+                                          kv_cache_config, layer_specs, mm_features, pooling_params,
                                           sampling_params, scheduler_stats)
 from harness.stream import Stream, largest_mm_item  # noqa: E402
 
@@ -74,8 +79,13 @@ ASYNC_SCHEDULER = "vllm.v1.core.sched.async_scheduler.AsyncScheduler"
 def unsupported(stream: Stream) -> str | None:
     """Why ``vllm-core`` does not take this stream, or None when it does."""
     c = stream.config
-    if c.kv_cache_groups is not None:
-        return "hybrid KV cache groups (EngineCore groups the layers itself)"
+    groups = c.kv_cache_groups or ()
+    if any(g.type == "mamba" for g in groups):
+        return ("a Mamba KV cache group (vLLM pads a Mamba layer's page to the attention "
+                "page, which the stand-in Mamba spec does not model)")
+    if len(set(groups)) < len(groups):
+        return ("two KV cache groups of the same kind (vLLM groups the layers by spec, "
+                "so their layers would make other groups)")
     if c.kv_role is not None:
         return "a KV connector (the executor does not yet report transfers)"
     return None
@@ -100,18 +110,29 @@ class ScriptedExecutor(Executor):
     def check_health(self) -> None:
         pass
 
+    def _specs(self) -> dict:
+        """One spec per layer: the model's full-attention layers, or for a stream with its
+        own KV cache groups two layers per group, in group order (the layers the ``vllm``
+        engine names), from which EngineCore makes the groups itself."""
+        c = self.engine.config
+        if c.kv_cache_groups is None:
+            return layer_specs(self.vllm_config)
+        return {layer: g.kv_cache_spec for g in kv_cache_config(c, self.vllm_config).kv_cache_groups
+                for layer in g.layer_names}
+
     def get_kv_cache_specs(self):
-        return [layer_specs(self.vllm_config)]
+        return [self._specs()]
 
     def determine_available_memory(self):
         """The stream's ``kv_cache_memory_bytes``, or exactly its pool: ``num_gpu_blocks``
-        pages in every layer."""
+        pages in every layer of a group (each group's layers share the pages' tensors)."""
         c = self.engine.config
         if c.kv_cache_memory_bytes is not None:
             return [c.kv_cache_memory_bytes]
-        layers = layer_specs(self.vllm_config)
-        page = next(iter(layers.values())).page_size_bytes
-        return [c.num_gpu_blocks * page * len(layers)]
+        specs = self._specs()
+        page = next(iter(specs.values())).page_size_bytes
+        layers_per_group = len(specs) if c.kv_cache_groups is None else 2
+        return [c.num_gpu_blocks * page * layers_per_group]
 
     def initialize_from_config(self, kv_cache_configs) -> None:
         self.kv_cache_configs = kv_cache_configs
@@ -202,6 +223,9 @@ class VllmCoreEngine(VllmEngine):
     def _build(self, stream: Stream):
         c = stream.config
         vc, encoder = build_vllm_config(c, largest_mm_item(stream))
+        if c.kv_cache_groups is not None:
+            # The hybrid KV cache manager, as on a CUDA GPU (vLLM turns it off on the CPU).
+            vc.scheduler_config.disable_hybrid_kv_cache_manager = False
         # vLLM's own Scheduler class; with images, with the multimodal registry stand-in
         # bound as its mm_registry argument, as the vllm engine passes it.
         scheduler, name = ((AsyncScheduler, ASYNC_SCHEDULER) if c.async_scheduling
