@@ -165,12 +165,14 @@ def cmd_replay(ns) -> int:
 
 
 def cmd_capture_check(ns) -> int:
-    from harness.capture import capture_check
+    from harness.capture import capture_check, read_capture
     engines = [e.strip() for e in ns.engines.split(",") if e.strip()]
     for e in engines:
         if e not in ENGINE_NAMES:
             raise UsageError(f"--engines: {e!r} is not an engine ({', '.join(ENGINE_NAMES)})")
     paths = stream_paths(ns.captures)
+    for path in paths:  # every capture is read before the folder is made
+        read_capture(path)
     out = output_folder(ns.streams_out) if ns.streams_out else None
     return capture_check(paths, tuple(engines or ["reference"]), out)
 

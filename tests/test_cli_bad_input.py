@@ -100,3 +100,20 @@ def test_cli_check_unknown_engine(tmp_path):
                                     cwd=tmp_path))
     assert line.startswith("error: --engines: 'reference' is not a vLLM engine")
     assert list(tmp_path.iterdir()) == [good]
+
+
+def test_cli_fuzz_and_coverage_unknown_engine(tmp_path):
+    for command in ("fuzz", "coverage"):
+        line = assert_bad_input(run_cli([command, "--engines", "vllm,gpu"], cwd=tmp_path))
+        assert line.startswith("error: --engines: 'gpu' is not a vLLM engine")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_capture_check_refuses_a_file_that_is_not_a_trace(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(stream()))  # a stream, not a trace
+    out = tmp_path / "streams"
+    line = assert_bad_input(run_cli(["capture-check", str(bad), "--streams-out", str(out)],
+                                    cwd=tmp_path))
+    assert line == f"error: {bad}: not a trace (needs engine, stream and steps; see docs/trace-format.md)"
+    assert list(tmp_path.iterdir()) == [bad]  # no folder made
