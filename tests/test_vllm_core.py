@@ -86,6 +86,22 @@ def test_a_step_loop_that_applies_batches_early_is_caught(core_engine, vllm_engi
     assert "applies a batch EngineCore does not apply" in trace.failure["message"]
 
 
+def test_a_step_loop_that_reports_transfers_late_is_caught(core_engine, monkeypatch):
+    """The executor's transfer reports are compared with the step loop's: an executor
+    that reports every transfer a step late is stopped at the first report."""
+    import harness.engines.vllm_core as vllm_core
+    from harness.engines.base import TransferReports
+
+    class Late(TransferReports):
+        def due(self, step):
+            return super().due(step - 1)
+
+    monkeypatch.setattr(vllm_core, "TransferReports", Late)
+    trace = run(core_engine, load_stream(STREAMS / "kv_connector_async_load.json"))
+    assert trace.verdict == "engine_failure"
+    assert "worker reports transfers" in trace.failure["message"]
+
+
 def test_streams_vllm_core_does_not_take_are_refused_with_the_reason(core_engine):
     twice = parse_stream(stream_dict({"num_gpu_blocks": 40, "kv_cache_groups": [
         {"type": "full"}, {"type": "sliding_window", "sliding_window": 8},

@@ -43,8 +43,12 @@ Hybrid KV cache groups: the executor reports two layers per stream group with
 the group's spec, and EngineCore groups the layers itself (vLLM's
 ``get_kv_cache_groups``), with the hybrid KV cache manager on as on a CUDA GPU.
 
-Streams this engine takes (:func:`unsupported`): no KV connector, no Mamba group
-and no two groups of the same kind.  The others are driven by the ``vllm``
+A KV connector: vLLM's scheduler drives the scripted connector as in the
+``vllm`` engine, and the executor reports the transfers done by each step in
+its output (``kv_connector_output``), timed as the step loop times them.
+
+Streams this engine takes (:func:`unsupported`): no Mamba group and no two
+groups of the same kind.  The others are driven by the ``vllm``
 engine only.
 """
 
@@ -64,7 +68,7 @@ from vllm.v1.outputs import DraftTokenIds  # noqa: E402
 
 from harness import model  # noqa: E402
 from harness.engines import vllm_compat as compat  # noqa: E402
-from harness.engines.base import Scheduled, nothing_scheduled  # noqa: E402
+from harness.engines.base import Scheduled, TransferReports, nothing_scheduled  # noqa: E402
 from harness.engines.vllm_adapter import (VllmEngine, build_vllm_config,  # noqa: E402
                                           kv_cache_config, layer_specs, mm_features, pooling_params,
                                           sampling_params, scheduler_stats)
@@ -86,8 +90,6 @@ def unsupported(stream: Stream) -> str | None:
     if len(set(groups)) < len(groups):
         return ("two KV cache groups of the same kind (vLLM groups the layers by spec, "
                 "so their layers would make other groups)")
-    if c.kv_role is not None:
-        return "a KV connector (the executor does not yet report transfers)"
     return None
 
 
@@ -222,7 +224,7 @@ class VllmCoreEngine(VllmEngine):
 
     def _build(self, stream: Stream):
         c = stream.config
-        vc, encoder = build_vllm_config(c, largest_mm_item(stream))
+        vc, encoder = build_vllm_config(c, largest_mm_item(stream), self.script)
         if c.kv_cache_groups is not None:
             # The hybrid KV cache manager, as on a CUDA GPU (vLLM turns it off on the CPU).
             vc.scheduler_config.disable_hybrid_kv_cache_manager = False
@@ -255,6 +257,12 @@ class VllmCoreEngine(VllmEngine):
         if (self.core.batch_queue is not None) != c.async_scheduling:
             raise RuntimeError("EngineCore's batch queue does not follow async_scheduling")
         self.step = 0  # the step loop's step, idle steps included
+        # A KV connector: the worker's side, reporting transfers in the executor's output
+        # (the step loop keeps its own, and update() compares the two), and the connector
+        # calls of each phase of the step (before the model ran, during the update).
+        self.transfers = TransferReports(stream) if c.kv_role is not None else None
+        self._calls: list[list] = []
+        self._reported: tuple[list[str], list[str]] = ([], [])
         self._stepped = False  # whether EngineCore stepped in this step
         self._executed = False
         # The batches (and the executor's tokens) whose output EngineCore took this step.
@@ -266,10 +274,18 @@ class VllmCoreEngine(VllmEngine):
     # -- the executor's side -----------------------------------------------------------
 
     def run_model(self, scheduler_output):
-        """``execute_model``: the scripted model's answer to what was scheduled."""
+        """``execute_model``: the scripted model's answer to what was scheduled, with the
+        worker's report of the KV transfers done by this step."""
         self._scheduled = self.translate(scheduler_output)
         self._sampled = model.sample(self._scheduled, self.by_id)
-        return self.runner_output(self._scheduled, self._sampled)
+        recving, sending = [], []
+        if self.transfers is not None:
+            calls = self.script.take_calls()  # aborts and schedule() so far
+            self._calls.append(calls)
+            self.transfers.note(self.step, calls)
+            recving, sending = self.transfers.due(self.step)
+        self._reported = (recving, sending)
+        return self.runner_output(self._scheduled, self._sampled, recving, sending)
 
     # -- the engine interface ------------------------------------------------------------
 
@@ -306,9 +322,20 @@ class VllmCoreEngine(VllmEngine):
         return self._scheduled or nothing_scheduled()
 
     def _core_step(self) -> None:
+        self._calls, self._reported = [], ([], [])
         outputs, self._executed = self.core.step_fn()
         self._stepped = True
         self._stats = scheduler_stats(outputs) if outputs else None
+        if self.transfers is not None:
+            if not self._calls:  # the model did not run: nothing was taken yet
+                self._calls.append(self.script.take_calls())
+            finished = self.script.take_calls()  # during the update
+            self._calls.append(finished)
+            self.transfers.note(self.step, finished)
+
+    def connector_calls(self) -> list[list]:
+        """The calls made before the model ran, then (asked again) those of the update."""
+        return self._calls.pop(0) if self._calls else []
 
     def update(self, scheduled: Scheduled, sampled: dict[str, list[int]],
                finished_recving=(), finished_sending=()) -> None:
@@ -326,6 +353,10 @@ class VllmCoreEngine(VllmEngine):
         if sampled != expected:
             raise RuntimeError(f"the step loop's model sampled {sampled}, "
                                f"the executor {expected}")
+        if (list(finished_recving), list(finished_sending)) != self._reported:
+            raise RuntimeError(f"the step loop's worker reports transfers "
+                               f"{finished_recving, finished_sending}, the executor "
+                               f"{self._reported}")
 
     def set_drafts(self, drafts: dict[str, list[int]]) -> None:
         ids = list(drafts)
