@@ -78,8 +78,12 @@ def test_strategy_generates_valid_streams(name, data):
 def test_configs_are_valid(config):
     parse_stream({"config": config, "requests": [{"id": "a", "prompt": [1], "output": [2],
                                                   "max_tokens": 1}]})
-    # Every field but the optional features' (groups, LoRA, the encoder), drawn only when asked.
-    assert set(config) == set(Config.__dataclass_fields__) - set(OPTIONAL_CONFIG_FIELDS)
+    # Every field but the optional features' (groups, LoRA, the encoder), drawn only when
+    # asked; one config in eight gives its pool as memory instead of num_gpu_blocks.
+    fields = set(Config.__dataclass_fields__) - set(OPTIONAL_CONFIG_FIELDS)
+    if "kv_cache_memory_bytes" in config:
+        fields = fields - {"num_gpu_blocks"} | {"kv_cache_memory_bytes"}
+    assert set(config) == fields
 
 
 @VALIDITY
@@ -99,7 +103,9 @@ def test_config_overrides_are_used_as_given(config):
     assert config["block_size"] == 8 and config["policy"] == "priority"
     assert 40 <= config["max_model_len"] <= 48
     assert config["max_num_batched_tokens"] >= config["max_model_len"]  # chunked off
-    assert config["num_gpu_blocks"] >= -(-config["max_model_len"] // 8)
+    pool = parse_stream({"config": config, "requests": [
+        {"id": "a", "prompt": [1], "output": [2], "max_tokens": 1}]}).config.num_gpu_blocks
+    assert pool >= -(-config["max_model_len"] // 8)  # given, or computed from memory
 
 
 def test_contradictory_config_overrides_are_rejected():
