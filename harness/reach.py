@@ -75,9 +75,9 @@ def named_rules() -> list[Rule]:
 
 
 def _outcome(trace) -> tuple:
-    """What the conformance comparison (harness.diff) compares: the step records,
-    the verdict and the step an engine failed at."""
-    return trace.steps, trace.verdict, trace.failure and trace.failure["step"]
+    """What the conformance comparison (harness.diff) compares: the pool of the header,
+    the step records, the verdict and the step an engine failed at."""
+    return trace.kv_cache, trace.steps, trace.verdict, trace.failure and trace.failure["step"]
 
 
 def rules_reached(stream: Stream, rules: Iterable[Rule]) -> list[str]:

@@ -1336,16 +1336,16 @@ def async_streams(draw, **knobs: Any) -> dict[str, Any]:
     for req in requests:
         req.pop("drafts", None)
         req.pop("kv_transfer", None)
-    if config["enable_prefix_caching"]:
-        _add_follow_up(draw, data, horizon)
+    _add_follow_up(draw, data, horizon)
     return data
 
 
 def _add_follow_up(draw, data: dict[str, Any], arrival: int) -> None:
     """A request arriving once the others are likely done whose prompt is an earlier
     request's prompt and whole output: its hit reaches the pages that the earlier
-    request's last tokens filled (under async scheduling cached when they were applied).
-    Left out where the stream rules refuse it."""
+    request's last tokens filled (under async scheduling cached when they were applied),
+    and the steps before it report finished requests with nothing to run (empty
+    batches).  Left out where the stream rules refuse it."""
     generating = [r for r in data["requests"] if r["output"]]
     if not generating:
         return
