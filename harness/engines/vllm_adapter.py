@@ -378,11 +378,10 @@ def kv_cache_config(c: Config, vc: VllmConfig) -> KVCacheConfig:
     attention = dict(block_size=c.block_size, num_kv_heads=mc.get_num_kv_heads(pc),
                      head_size=mc.get_head_size(), dtype=mc.dtype)
     if c.kv_cache_groups is None:
+        layers = layer_specs(vc)
         return KVCacheConfig(
             num_blocks=c.num_gpu_blocks, kv_cache_tensors=[],
-            kv_cache_groups=[KVCacheGroupSpec(
-                [f"layers.{i}" for i in range(mc.get_num_layers(pc))],
-                FullAttentionSpec(**attention))])
+            kv_cache_groups=[KVCacheGroupSpec(list(layers), next(iter(layers.values())))])
     groups = []
     for i, g in enumerate(c.kv_cache_groups):
         if g.type == "full":

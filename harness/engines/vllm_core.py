@@ -133,7 +133,7 @@ class ScriptedExecutor(Executor):
             return [c.kv_cache_memory_bytes]
         specs = self._specs()
         page = next(iter(specs.values())).page_size_bytes
-        layers_per_group = len(specs) if c.kv_cache_groups is None else 2
+        layers_per_group = len(specs) // len(c.groups)
         return [c.num_gpu_blocks * page * layers_per_group]
 
     def initialize_from_config(self, kv_cache_configs) -> None:
