@@ -15,8 +15,12 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -qq --disable-pip-version-check -c constraints.txt -e '.[vllm]'
 	touch $(STAMP)
 
+# pytest-xdist: one worker per core (at most 8: each imports vLLM, ~2 GB); loadgroup keeps
+# a module's tests that share an expensive fixture (marked xdist_group) on one worker.
+TEST_WORKERS ?= auto
+
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 8 --dist loadgroup
 
 conformance: $(STAMP)
 	$(PY) -m harness conformance

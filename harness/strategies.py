@@ -1313,7 +1313,8 @@ def async_streams(draw, **knobs: Any) -> dict[str, Any]:
     0, 1/5, 1/2, 4/5 or all of the steps the stream is likely to take), so the engine
     also applies a batch in the step it scheduled it, and a step that schedules an
     empty batch (finished requests to report, grammars not ready) finds the queue
-    empty.  KV cache events are on in one stream in two (one KV cache group), so that
+    empty.  One stream in two has its model length aligned to the page size
+    (:func:`_align_model_len`).  KV cache events are on in one stream in two (one KV cache group), so that
     the pages a batch's tokens fill show when they are cached.
     ``knobs`` go to the base strategies.
     Shrinks towards: the shrunk base stream, every batch applied one step late.
@@ -1336,8 +1337,28 @@ def async_streams(draw, **knobs: Any) -> dict[str, Any]:
     for req in requests:
         req.pop("drafts", None)
         req.pop("kv_transfer", None)
+    if draw(st.booleans()):
+        _align_model_len(data)
     _add_follow_up(draw, data, horizon)
     return data
+
+
+def _align_model_len(data: dict[str, Any]) -> None:
+    """Lower ``max_model_len`` to one more than a multiple of the page size (above every
+    prompt), so that a request stopped by it has its last page filled by a token the
+    scheduler only knew as a placeholder: that page is cached when the batch is applied,
+    or never (no later step allocates for the request)."""
+    config = data["config"]
+    longest = max(len(r["prompt"]) for r in data["requests"])
+    aligned = config["max_model_len"] - (config["max_model_len"] - 1) % config["block_size"]
+    if aligned <= longest or aligned == config["max_model_len"]:
+        return
+    candidate = {**data, "config": {**config, "max_model_len": aligned}}
+    try:
+        parse_stream(candidate)
+    except StreamError:
+        return
+    data["config"] = candidate["config"]
 
 
 def _add_follow_up(draw, data: dict[str, Any], arrival: int) -> None:
