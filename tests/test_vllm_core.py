@@ -103,12 +103,21 @@ def test_a_step_loop_that_reports_transfers_late_is_caught(core_engine, monkeypa
 
 
 def test_streams_vllm_core_does_not_take_are_refused_with_the_reason(core_engine):
-    twice = parse_stream(stream_dict({"num_gpu_blocks": 40, "kv_cache_groups": [
+    apart = parse_stream(stream_dict({"num_gpu_blocks": 40, "enable_prefix_caching": False,
+                                      "kv_cache_groups": [
+        {"type": "sliding_window", "sliding_window": 8}, {"type": "full"},
+        {"type": "sliding_window", "sliding_window": 8}]}))
+    assert "KV cache groups of one kind apart" in core_engine.refuses(apart)
+    with pytest.raises(ValueError, match="vllm-core engine does not take this stream: KV"):
+        core_engine.start(apart)
+    together = parse_stream(stream_dict({"num_gpu_blocks": 40, "kv_cache_groups": [
         {"type": "full"}, {"type": "sliding_window", "sliding_window": 8},
         {"type": "sliding_window", "sliding_window": 8}]}))
-    assert "two KV cache groups of the same kind" in core_engine.refuses(twice)
-    with pytest.raises(ValueError, match="vllm-core engine does not take this stream: two KV"):
-        core_engine.start(twice)
+    assert core_engine.refuses(together) is None
+    doubled = parse_stream(stream_dict({"num_gpu_blocks": 40, "kv_cache_groups": [
+        {"type": "full"}, {"type": "full"}, {"type": "sliding_window", "sliding_window": 8},
+        {"type": "sliding_window", "sliding_window": 8}]}))
+    assert "every kind of KV cache group more than once" in core_engine.refuses(doubled)
     assert core_engine.refuses(parse_stream(stream_dict())) is None
     hybrid = parse_stream(stream_dict({"kv_cache_groups": [
         {"type": "full"}, {"type": "sliding_window", "sliding_window": 8}]}))

@@ -370,8 +370,9 @@ def kv_cache_config(c: Config, vc: VllmConfig) -> KVCacheConfig:
     Without ``kv_cache_groups`` it is the model's one full-attention group, with
     the model's KV heads, head size and dtype as vLLM reads them.  A hybrid
     stream names its groups itself; each gets two layer names of its own.  A
-    Mamba group's state shape is a stand-in (one float): the scheduler reads
-    only its block size (``max_model_len``, as vLLM's model runner sets it) and
+    Mamba group's state shape is a stand-in (one float, its page padded to the
+    attention page as vLLM pads a hybrid model's): the scheduler reads only its
+    block size (``max_model_len``, as vLLM's model runner sets it) and
     ``num_speculative_blocks`` (the runner sets ``num_speculative_tokens``).
     """
     mc, pc = vc.model_config, vc.parallel_config
@@ -392,8 +393,11 @@ def kv_cache_config(c: Config, vc: VllmConfig) -> KVCacheConfig:
             spec = ChunkedLocalAttentionSpec(**attention,
                                              attention_chunk_size=g.attention_chunk_size)
         else:
+            # Padded to the attention page, as vLLM pads a hybrid model's Mamba page, so
+            # that EngineCore's start-up can group the layers (one page size for all).
             spec = MambaSpec(shapes=((1,),), dtypes=(torch.float32,), block_size=c.max_model_len,
-                             num_speculative_blocks=c.num_speculative_tokens)
+                             num_speculative_blocks=c.num_speculative_tokens,
+                             page_size_padded=FullAttentionSpec(**attention).page_size_bytes)
         groups.append(KVCacheGroupSpec([f"layers.{2 * i}", f"layers.{2 * i + 1}"], spec))
     return KVCacheConfig(num_blocks=c.num_gpu_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
 

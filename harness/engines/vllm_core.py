@@ -47,14 +47,17 @@ A KV connector: vLLM's scheduler drives the scripted connector as in the
 ``vllm`` engine, and the executor reports the transfers done by each step in
 its output (``kv_connector_output``), timed as the step loop times them.
 
-Streams this engine takes (:func:`unsupported`): no Mamba group and no two
-groups of the same kind.  The others are driven by the ``vllm``
-engine only.
+Streams this engine takes (:func:`unsupported`): those whose groups vLLM's
+start-up makes again from per-layer specs: each kind's groups next to each
+other, and some kind only once (the rarest kind's layer count is vLLM's group
+size).  A Mamba group's stand-in page is padded to the attention page, as vLLM
+pads a hybrid model's.  The others are driven by the ``vllm`` engine only.
 """
 
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from concurrent.futures import Future
 
 from harness.engines import vllm_env  # noqa: F401  (before vLLM is imported)
@@ -84,13 +87,21 @@ def unsupported(stream: Stream) -> str | None:
     """Why ``vllm-core`` does not take this stream, or None when it does."""
     c = stream.config
     groups = c.kv_cache_groups or ()
-    if any(g.type == "mamba" for g in groups):
-        return ("a Mamba KV cache group (vLLM pads a Mamba layer's page to the attention "
-                "page, which the stand-in Mamba spec does not model)")
-    if len(set(groups)) < len(groups):
-        return ("two KV cache groups of the same kind (vLLM groups the layers by spec, "
-                "so their layers would make other groups)")
+    if list(groups) != _grouped_by_spec(groups):
+        return ("KV cache groups of one kind apart from each other (vLLM makes the groups "
+                "from the layers' specs, each kind's groups together, in order of first "
+                "appearance)")
+    if groups and min(Counter(groups).values()) > 1:
+        return ("every kind of KV cache group more than once (vLLM's groups have as many "
+                "layers as the rarest kind, so it would make fewer, larger groups)")
     return None
+
+
+def _grouped_by_spec(groups) -> list:
+    """The groups in the order vLLM's start-up makes them from per-layer specs: layers of
+    one spec are split into that spec's groups together, specs in order of first layer."""
+    kinds = list(dict.fromkeys(groups))
+    return [g for kind in kinds for g in groups if g == kind]
 
 
 class ScriptedExecutor(Executor):
