@@ -7,11 +7,11 @@ whose ``abort_step == k``; (2) add the requests whose ``arrival_step == k``;
 decoding on, every scheduled request gets a draft list: its next scripted one
 if it emitted tokens, an empty one if not.
 
-With ``async_scheduling`` a step is one call of vLLM's
-``EngineCore.step_with_batch_queue`` instead (:func:`_async_step`): the
-scripted model answers a batch when it is scheduled, and the answer is applied
-one step later, after the next batch is scheduled, unless the stream lists the
-step in ``async_ready_steps`` (the worker was done at once).
+With ``async_scheduling`` or ``pipeline_parallel_size`` > 1 a step is one call
+of vLLM's ``EngineCore.step_with_batch_queue`` instead (:func:`_async_step`):
+the scripted model answers a batch when it is scheduled, and the answer is
+applied once the queue is full or a step schedules no work, unless the stream
+lists the step in ``async_ready_steps`` (the worker was done at once).
 """
 
 from __future__ import annotations
@@ -105,7 +105,9 @@ def _loop(engine: Engine, stream: Stream, trace: Trace, limits: Limits) -> None:
     drafts_left = {r.id: list(r.drafts) for r in stream.requests}
     arrived: list[str] = []
     reported_finished: set[str] = set()
-    # Async scheduling: the batches scheduled whose output is not applied yet, newest first.
+    # A batch queue (async scheduling, pipeline parallelism): the batches scheduled whose
+    # output is not applied yet, newest first.
+    batch_queue = stream.config.async_scheduling or stream.config.pipeline_parallel_size > 1
     in_flight: deque[Batch] = deque()
 
     step = 0
@@ -129,7 +131,7 @@ def _loop(engine: Engine, stream: Stream, trace: Trace, limits: Limits) -> None:
             return
 
         updated = None
-        if stream.config.async_scheduling and (engine.has_requests() or in_flight):
+        if batch_queue and (engine.has_requests() or in_flight):
             scheduled, applied = _async_step(engine, stream, step, by_id, in_flight)
             emitted = applied.sampled if applied else {}
             updated = applied.step if applied else None
@@ -173,7 +175,7 @@ class Batch:
 
 def _async_step(engine: Engine, stream: Stream, step: int, by_id: dict,
                 in_flight: deque[Batch]) -> tuple:
-    """One step of vLLM's engine under async scheduling (``step_with_batch_queue``):
+    """One step of vLLM's engine with a batch queue (``step_with_batch_queue``):
     schedule a batch if any request is there, then apply the oldest batch in flight
     when the engine says it waits for it (:meth:`Engine.applies_oldest_now`).  Returns
     the batch scheduled now (or nothing) and the batch applied (or None)."""
@@ -181,7 +183,9 @@ def _async_step(engine: Engine, stream: Stream, step: int, by_id: dict,
     if engine.has_requests():
         scheduled = engine.schedule()
         in_flight.appendleft(Batch(step, scheduled, model.sample(scheduled, by_id)))
-        worker_done = step in stream.config.async_ready_steps
+        # The worker is done with a batch at once when its step is listed (the Future
+        # stays pending otherwise until waited for); EngineCore looks at the oldest.
+        worker_done = in_flight[-1].step in stream.config.async_ready_steps
         if not engine.applies_oldest_now(len(in_flight), bool(scheduled.scheduled),
                                          worker_done):
             return scheduled, None

@@ -52,7 +52,7 @@ from hypothesis.strategies import SearchStrategy
 from harness.model import accepted_prefix
 from harness.paths import MODELS_DIR
 from reference import kv_sizing
-from harness.stream import (Config, KVCacheGroup, RequestSpec, StreamError,
+from harness.stream import (Config, KVCacheGroup, RequestSpec, StreamError, kv_cache_layout,
                             max_pages_per_request, parse_stream)
 
 __all__ = [
@@ -1339,6 +1339,40 @@ def async_streams(draw, **knobs: Any) -> dict[str, Any]:
         req.pop("kv_transfer", None)
     if draw(st.booleans()):
         _align_model_len(data)
+    _add_follow_up(draw, data, horizon)
+    return data
+
+
+@st.composite
+def pipeline_streams(draw, **knobs: Any) -> dict[str, Any]:
+    """Pipeline parallelism as the engine loop sees it: 2 to 4 batches in flight (the
+    executor's ``max_concurrent_batches``) over vLLM's synchronous Scheduler, on the
+    streams async scheduling is drawn over.  A request whose batch is in flight has
+    nothing to schedule, so the next batch takes other requests, or the next chunk of
+    a prompt; preemption and aborts meet batches in flight.  The worker is done at
+    once with the batches of some steps (as in :func:`async_streams`).
+    Shrinks towards: the shrunk base stream, two stages, no batch done at once.
+    """
+    data = draw(_async_bases(knobs))
+    config = {k: v for k, v in data["config"].items() if k not in ("kv_role",)}
+    config.update(num_speculative_tokens=0,
+                  pipeline_parallel_size=draw(st.integers(2, 4)))
+    if config.get("kv_cache_memory_bytes") is not None:  # sized as one worker: in pages
+        config["num_gpu_blocks"] = kv_cache_layout(parse_stream(data).config).num_blocks
+        del config["kv_cache_memory_bytes"]
+    requests = data["requests"]
+    for req in requests:
+        req.pop("drafts", None)
+        req.pop("kv_transfer", None)
+    horizon = min(80, max((r.get("arrival_step", 0) for r in requests), default=0)
+                  + sum(len(r["prompt"]) for r in requests) // config["max_num_batched_tokens"]
+                  + sum(len(r["output"]) for r in requests) + 4)
+    share = draw(st.sampled_from([0.0, 0.2, 0.5, 1.0]))
+    rng = draw(st.randoms(use_true_random=False))
+    ready = [step for step in range(horizon) if rng.random() < share]
+    if ready:
+        config["async_ready_steps"] = ready
+    data["config"] = config
     _add_follow_up(draw, data, horizon)
     return data
 

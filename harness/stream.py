@@ -106,6 +106,11 @@ class Config:
     # engine looks, right after scheduling it; that step also applies its output.  Every
     # other batch is applied one step later, after the next batch is scheduled.
     async_ready_steps: tuple[int, ...] = ()
+    # vLLM's --pipeline-parallel-size as the engine loop sees it: the executor takes this
+    # many batches at once (max_concurrent_batches), so EngineCore keeps a batch queue
+    # over the synchronous Scheduler; a request whose batch is in flight has nothing
+    # to schedule.  The ready steps are those of async_ready_steps.
+    pipeline_parallel_size: int = 1
     # The KV cache memory the worker reports free at start-up, in bytes (vLLM's
     # determine_available_memory).  When given, the pool is what vLLM's start-up makes
     # of it for the model (num_gpu_blocks is then computed, not given).
@@ -146,7 +151,7 @@ OPTIONAL_CONFIG_FIELDS = {"kv_cache_groups": None, "max_loras": None,
                           "max_tokens_per_mm_item": None, "disable_chunked_mm_input": False,
                           "log_stats": False, "kv_cache_events": False, "kv_role": None,
                           "async_scheduling": False, "async_ready_steps": (),
-                          "kv_cache_memory_bytes": None}
+                          "kv_cache_memory_bytes": None, "pipeline_parallel_size": 1}
 OPTIONAL_REQUEST_FIELDS = {"lora": None, "structured_output": None, "mm_inputs": (),
                            "pooling": False, "kv_transfer": None}
 
@@ -606,11 +611,25 @@ def _memory_errors(c: Config) -> list[str]:
 
 
 def _async_errors(c: Config) -> list[str]:
-    """vLLM 0.11.0 refuses speculative decoding with async scheduling at start-up; the
-    harness does not script a KV connector's transfers under it."""
+    """vLLM 0.11.0 refuses speculative decoding with async scheduling at start-up, and
+    async scheduling with pipeline parallelism; the harness does not script a KV
+    connector's transfers (nor drafts) under a batch queue."""
     errors = []
-    if c.async_ready_steps and not c.async_scheduling:
-        errors.append("config.async_ready_steps: needs async_scheduling")
+    if c.async_ready_steps and not c.async_scheduling and c.pipeline_parallel_size == 1:
+        errors.append("config.async_ready_steps: needs async_scheduling or "
+                      "pipeline_parallel_size > 1")
+    if c.pipeline_parallel_size > 1:
+        if c.async_scheduling:
+            errors.append("config.pipeline_parallel_size: not with async_scheduling "
+                          "(vLLM 0.11.0 refuses it at start-up)")
+        if c.kv_cache_memory_bytes is not None:
+            errors.append("config.pipeline_parallel_size: not with kv_cache_memory_bytes "
+                          "(each stage holds a share of the layers; the harness sizes "
+                          "the pool of one worker holding them all)")
+        if c.num_speculative_tokens > 0 or c.kv_role is not None:
+            errors.append("config.pipeline_parallel_size: not with speculative decoding nor "
+                          "a KV connector (kv_role) (the harness does not script them "
+                          "under a batch queue)")
     if c.async_scheduling and c.num_speculative_tokens > 0:
         errors.append("config.async_scheduling: not with speculative decoding "
                       "(vLLM 0.11.0 refuses it at start-up)")

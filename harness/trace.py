@@ -39,7 +39,8 @@ def optional_fields(stream: Stream) -> frozenset[str]:
     structured output or a KV connector, ``grammar_index`` and ``bitmask_rows`` with structured output,
     ``encoder_inputs`` and ``encoder_frees`` with multimodal inputs, ``stats`` with
     ``log_stats``, ``kv_events`` with ``kv_cache_events``, ``kv_connector`` with
-    ``kv_role``, ``updated`` and ``output_placeholders`` with ``async_scheduling``."""
+    ``kv_role``, ``updated`` and ``output_placeholders`` with ``async_scheduling``,
+    ``updated`` with ``pipeline_parallel_size`` > 1."""
     fields = set()
     if stream.config.kv_role is not None or any(
             r.lora is not None or r.structured_output is not None for r in stream.requests):
@@ -56,6 +57,8 @@ def optional_fields(stream: Stream) -> frozenset[str]:
         fields.add("kv_connector")
     if stream.config.async_scheduling:
         fields |= {"updated", "output_placeholders"}
+    if stream.config.pipeline_parallel_size > 1:
+        fields.add("updated")
     return frozenset(fields)
 
 

@@ -43,6 +43,8 @@ class Config:
     enable_kv_cache_events: bool = False
     # vLLM's --async-scheduling: the engine runs the AsyncScheduler (one batch ahead).
     async_scheduling: bool = False
+    # vLLM's --pipeline-parallel-size: batches the executor takes at once.
+    pipeline_parallel_size: int = 1
     # Rule changes of a later release in effect (reference.releases); none: 0.11.0.
     rules: frozenset[str] = frozenset()
 

@@ -3,21 +3,23 @@
 Mirrors: vllm/v1/engine/core.py (EngineCore.step, step_with_batch_queue,
 ``max_concurrent_batches`` of vLLM's executors).
 
-Without async scheduling a step schedules, runs the model and applies its
-output at once.  With it, EngineCore keeps a queue of batches in flight: a
-step schedules a batch (if the scheduler holds any request) and hands it to
-the worker without waiting; it applies the oldest batch's output only when it
-has to -- the queue is full, the new batch runs no work, or the worker is
-already done with it.
+Without async scheduling or pipeline parallelism a step schedules, runs the
+model and applies its output at once.  With either, EngineCore keeps a queue of
+batches in flight: a step schedules a batch (if the scheduler holds any
+request) and hands it to the worker without waiting; it applies the oldest
+batch's output only when it has to -- the queue is full, the new batch runs no
+work, or the worker is already done with it.  Under pipeline parallelism the
+scheduler is the synchronous one: a request whose batch is in flight has no
+token to schedule until that batch's output is applied.
 """
 
 from __future__ import annotations
 
 
-def batch_queue_size(async_scheduling: bool) -> int:
-    """Batches in flight at most: two under async scheduling (one on the worker, one
-    being scheduled), as vLLM's executors report; one otherwise."""
-    return 2 if async_scheduling else 1
+def batch_queue_size(async_scheduling: bool, pipeline_parallel_size: int = 1) -> int:
+    """Batches in flight at most, as vLLM's executors report them: two under async
+    scheduling (one on the worker, one being scheduled), else one per pipeline stage."""
+    return 2 if async_scheduling else pipeline_parallel_size
 
 
 def applies_oldest_now(in_flight: int, queue_size: int, runs_work: bool,

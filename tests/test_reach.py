@@ -54,6 +54,7 @@ FIXTURE_SHOWS = {
                                                "kv_events_published_after_update_dropped"],
     "async_preempted_while_in_flight": ["placeholders_kept_after_output"],
     "async_priority_victim_crash": ["priority_victim_loses_its_grant_dropped"],
+    "pipeline_parallel_three_stages": ["pipeline_stages_ignored", "batch_applied_at_once"],
     "kv_connector_pages_kept_for_sending": ["kept_pages_freed_at_once", "send_report_ignored"],
     "kv_events_with_lora": ["kv_events_with_lora_run", "kv_events_name_the_adapter_dropped"],
     "mm_eagle_reads_one_token_ahead": ["eagle_encoder_one_token_ahead_dropped",

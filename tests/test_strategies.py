@@ -53,8 +53,9 @@ def check_stream_dict(data: dict[str, Any]) -> Stream:
     ids = [r["id"] for r in data["requests"]]
     assert len(set(ids)) == len(ids) and all(re.fullmatch(r"r\d{1,3}", i) for i in ids)
     arrivals = [r.arrival_step for r in stream.requests]
-    # An async stream's follow-up request arrives after the others are likely done.
-    last = arrivals[-2] if stream.config.async_scheduling and len(arrivals) > 1 else arrivals[-1]
+    # An async or pipeline stream's follow-up request arrives after the others are likely done.
+    queued = stream.config.async_scheduling or stream.config.pipeline_parallel_size > 1
+    last = arrivals[-2] if queued and len(arrivals) > 1 else arrivals[-1]
     assert arrivals == sorted(arrivals) and last <= 10 and arrivals[-1] <= 80
     for r in stream.requests:
         tokens = [*r.prompt, *r.output, *r.stop_token_ids, *(t for d in r.drafts for t in d)]

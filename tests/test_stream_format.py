@@ -48,7 +48,8 @@ def test_to_json_makes_every_default_explicit():
                                            "encoder_cache_size", "max_tokens_per_mm_item",
                                            "disable_chunked_mm_input", "log_stats",
                                            "kv_cache_events", "kv_role", "async_scheduling",
-                                           "async_ready_steps", "kv_cache_memory_bytes"}
+                                           "async_ready_steps", "kv_cache_memory_bytes",
+                                           "pipeline_parallel_size"}
     assert out["requests"][0]["max_tokens"] is None
     assert out["requests"][0]["eos_token_id"] is None
 

@@ -748,12 +748,28 @@ def test_async_scheduling_rules():
     rejects(stream(config={"async_scheduling": True, "kv_role": "kv_both"}),
             r"^config\.async_scheduling: not with a KV connector")
     rejects(stream(config={"async_ready_steps": [1]}),
-            r"^config\.async_ready_steps: needs async_scheduling$")
+            r"^config\.async_ready_steps: needs async_scheduling or pipeline_parallel_size > 1$")
     rejects(stream(config={"async_scheduling": True, "async_ready_steps": [-1]}),
             r"^config\.async_ready_steps: must be a list of integers >= 0")
     ok = parse_stream(stream(config={"async_scheduling": True, "async_ready_steps": [3, 1, 3]}))
     assert ok.config.async_ready_steps == (1, 3)
     assert ok.to_json()["config"]["async_ready_steps"] == [1, 3]
+
+
+def test_pipeline_parallel_rules():
+    rejects(stream(config={"pipeline_parallel_size": 2, "async_scheduling": True}),
+            r"^config\.pipeline_parallel_size: not with async_scheduling \(vLLM 0\.11\.0 refuses")
+    rejects(stream(config={"pipeline_parallel_size": 2, "num_speculative_tokens": 1}),
+            r"^config\.pipeline_parallel_size: not with speculative decoding nor a KV connector")
+    memory = stream(config={"pipeline_parallel_size": 2, "kv_cache_memory_bytes": 10 ** 8})
+    del memory["config"]["num_gpu_blocks"]
+    rejects(memory, r"^config\.pipeline_parallel_size: not with kv_cache_memory_bytes")
+    rejects(stream(config={"pipeline_parallel_size": 0}),
+            r"^config\.pipeline_parallel_size: must be an integer from 1 to 8$")
+    ok = parse_stream(stream(config={"pipeline_parallel_size": 3, "async_ready_steps": [2]}))
+    assert ok.config.pipeline_parallel_size == 3 and ok.config.async_ready_steps == (2,)
+    assert ok.to_json()["config"]["pipeline_parallel_size"] == 3
+    assert "pipeline_parallel_size" not in parse_stream(stream()).to_json()["config"]
 
 
 # -- the pool from memory ----------------------------------------------------------------------

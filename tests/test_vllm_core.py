@@ -63,6 +63,19 @@ def test_conformance_vllm_core_equals_the_step_loop(core_engine, vllm_engine, da
 
 @settings(max_examples=settings().max_examples // 4, deadline=None,
           suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+@given(st.pipeline_streams())
+def test_conformance_vllm_core_pipeline_equals_the_step_loop(core_engine, vllm_engine, data):
+    """Pipeline parallelism: EngineCore's batch queue of one batch per stage over vLLM's
+    synchronous Scheduler applies each batch in the step the step loop's imitation does."""
+    stream = parse_stream(data)
+    assume(core_engine.refuses(stream) is None)
+    ours, theirs = run(vllm_engine, stream).to_json(), run(core_engine, stream).to_json()
+    assert first_divergence(ours, theirs) is None
+    assert (ours["verdict"], ours["failure"]) == (theirs["verdict"], theirs["failure"])
+
+
+@settings(max_examples=settings().max_examples // 4, deadline=None,
+          suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
 @given(st.async_streams())
 def test_conformance_vllm_core_async_equals_the_step_loop(core_engine, vllm_engine, data):
     """Async scheduling: EngineCore's ``step_with_batch_queue`` over vLLM's AsyncScheduler

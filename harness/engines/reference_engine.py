@@ -37,7 +37,8 @@ def reference_config(stream: Stream, rules: frozenset[str] = frozenset()) -> Con
         max_loras=c.max_loras, encoder_compute_budget=c.encoder_compute_budget,
         encoder_cache_size=c.encoder_cache_size, max_tokens_by_modality=modalities(stream),
         disable_chunked_mm_input=c.disable_chunked_mm_input,
-        enable_kv_cache_events=c.kv_cache_events, async_scheduling=c.async_scheduling)
+        enable_kv_cache_events=c.kv_cache_events, async_scheduling=c.async_scheduling,
+        pipeline_parallel_size=c.pipeline_parallel_size)
 
 
 def modalities(stream: Stream) -> tuple[tuple[str, int], ...]:
@@ -225,7 +226,8 @@ class ReferenceEngine:
                                                                shape.head_size))
 
     def applies_oldest_now(self, in_flight: int, runs_work: bool, worker_done: bool) -> bool:
-        size = engine_core.batch_queue_size(self.config.async_scheduling)
+        size = engine_core.batch_queue_size(self.config.async_scheduling,
+                                            self.config.pipeline_parallel_size)
         return engine_core.applies_oldest_now(in_flight, size, runs_work, worker_done)
 
     def end_step(self) -> None:

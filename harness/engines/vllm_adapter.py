@@ -308,6 +308,9 @@ def build_vllm_config(c: Config, largest_mm_item: int = 0,
     vc = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc,
                     device_config=DeviceConfig("cpu"), lora_config=lora, kv_events_config=events,
                     kv_transfer_config=transfer)
+    # Pipeline stages as the scheduler sees them (it then sends the workers the tokens of
+    # cached requests); set after construction, so that no process group is planned.
+    vc.parallel_config.pipeline_parallel_size = c.pipeline_parallel_size
     if c.num_speculative_tokens > 0:
         object.__setattr__(vc, "speculative_config",
                            SpeculativeStandIn(c.num_speculative_tokens, c.speculative_method))
@@ -665,9 +668,12 @@ class VllmEngine:
 
     def applies_oldest_now(self, in_flight: int, runs_work: bool, worker_done: bool) -> bool:
         """This engine drives vLLM's scheduler without EngineCore; the step loop imitates
-        ``step_with_batch_queue`` with a queue of two (``vllm-core`` checks the imitation
+        ``step_with_batch_queue`` with the queue vLLM's executors ask for: two under async
+        scheduling, else one per pipeline stage (``vllm-core`` checks the imitation
         against EngineCore itself)."""
-        return not (runs_work and in_flight < 2 and not worker_done)
+        c = self.config
+        size = 2 if c.async_scheduling else c.pipeline_parallel_size
+        return not (runs_work and in_flight < size and not worker_done)
 
     def end_step(self) -> None:
         """The step loop drives this scheduler itself: nothing is left to do."""

@@ -23,6 +23,9 @@ scheduler as vLLM's engine does" is checked rather than assumed:
   EngineCore waits for it, so at most one batch is on the "worker" while the next
   is scheduled.  Which batch EngineCore applies in a step is compared with the
   step loop's own rule (:func:`harness.runner._async_step`);
+* with ``pipeline_parallel_size`` > 1 the executor reports that many concurrent
+  batches, and EngineCore runs vLLM's synchronous ``Scheduler`` under the same
+  batch queue;
 * an idle step (no request in the scheduler, no batch in flight) still calls the
   step function, as vLLM's in-process client does; EngineCore returns at once.
 
@@ -152,9 +155,11 @@ class ScriptedExecutor(Executor):
 
     @property
     def max_concurrent_batches(self) -> int:
-        """Two under async scheduling, as vLLM's executors report (EngineCore then steps
-        with its batch queue)."""
-        return 2 if self.scheduler_config.async_scheduling else 1
+        """Two under async scheduling, else one per pipeline stage, as vLLM's executors
+        report (EngineCore steps with its batch queue when it is more than one)."""
+        if self.scheduler_config.async_scheduling:
+            return 2
+        return self.parallel_config.pipeline_parallel_size
 
     @property
     def supported_tasks(self):
@@ -265,8 +270,10 @@ class VllmCoreEngine(VllmEngine):
         real_schedule, real_reset = sched.schedule, sched.reset_prefix_cache
         sched.schedule = lambda: self.observed_schedule(real_schedule)
         sched.reset_prefix_cache = lambda: self._keep_reset_answer(real_reset())
-        if (self.core.batch_queue is not None) != c.async_scheduling:
-            raise RuntimeError("EngineCore's batch queue does not follow async_scheduling")
+        self.batch_queue = c.async_scheduling or c.pipeline_parallel_size > 1
+        if (self.core.batch_queue is not None) != self.batch_queue:
+            raise RuntimeError("EngineCore's batch queue does not follow the stream "
+                               "(async_scheduling, pipeline_parallel_size)")
         self.step = 0  # the step loop's step, idle steps included
         # A KV connector: the worker's side, reporting transfers in the executor's output
         # (the step loop keeps its own, and update() compares the two), and the connector
@@ -352,7 +359,7 @@ class VllmCoreEngine(VllmEngine):
                finished_recving=(), finished_sending=()) -> None:
         """EngineCore applied this batch's output already (or does now, in a step that
         schedules nothing); the step loop's model must have said what the executor said."""
-        if self.config.async_scheduling:
+        if self.batch_queue:
             if not self._stepped:
                 self._core_step()
             if not self.applied or self.applied[0][0] is not scheduled:

@@ -1208,25 +1208,40 @@ def async_scheduling(s) -> bool:
     return s.config.async_scheduling
 
 
-@mutant("batch_applied_at_once", "under async scheduling a step does not wait for the "
+def pipeline_parallel(s) -> bool:
+    return s.config.pipeline_parallel_size > 1
+
+
+def batch_queue(s) -> bool:
+    return async_scheduling(s) or pipeline_parallel(s)
+
+
+@mutant("batch_applied_at_once", "with a batch queue a step does not wait for the "
         "batch it just scheduled while the queue has room and the worker is busy",
-        ENGINE_CORE, replaces=(rengine, "applies_oldest_now"), applies=async_scheduling)
+        ENGINE_CORE, replaces=(rengine, "applies_oldest_now"), applies=batch_queue)
 def _always_waits(in_flight, queue_size, runs_work, worker_done):
     return True
 
 
 @mutant("worker_done_not_looked_at", "a batch the worker has already finished is applied "
         "in the step that scheduled it", ENGINE_CORE,
-        replaces=(rengine, "applies_oldest_now"), applies=async_scheduling)
+        replaces=(rengine, "applies_oldest_now"), applies=batch_queue)
 def _never_done(in_flight, queue_size, runs_work, worker_done):
     return not (runs_work and in_flight < queue_size)
 
 
 @mutant("empty_batch_does_not_wait", "a step whose batch runs no work waits for the oldest "
         "batch in flight", ENGINE_CORE, replaces=(rengine, "applies_oldest_now"),
-        applies=async_scheduling)
+        applies=batch_queue)
 def _empty_returns_early(in_flight, queue_size, runs_work, worker_done):
     return in_flight >= queue_size or worker_done
+
+
+@mutant("pipeline_stages_ignored", "under pipeline parallelism EngineCore keeps as many "
+        "batches in flight as there are stages", ENGINE_CORE,
+        replaces=(rengine, "batch_queue_size"), applies=pipeline_parallel)
+def _queue_of_two(async_scheduling, pipeline_parallel_size=1):
+    return 2 if async_scheduling or pipeline_parallel_size > 1 else 1
 
 
 @mutant("placeholders_not_scheduled", "a running request's output placeholders count as "
