@@ -31,17 +31,17 @@ LAYERS: list[tuple[str, ...]] = [
      "engines.vllm_connector"),
     # the vLLM engine and its KV sizing; the step loop, the diff, the strategies
     ("engines.vllm_adapter", "engines.vllm_kv_sizing", "runner", "diff", "strategies"),
-    # vLLM's own engine loop over the vLLM engine's parts
-    ("engines.vllm_core",),
+    # vLLM's own engine loop over the vLLM engine's parts; vLLM's scheduler in a bare loop
+    ("engines.vllm_core", "engines.vllm_bare"),
     # engines by name (and vLLM's sizing by model), vLLM's mutants
     ("engines", "engines.vllm_mutants"),
-    # comparing engines, the KV sizing check, recorded traces, tables, the benchmark, the
-    # property registry, the mutant catalogue
-    ("conformance", "kv_sizing_check", "golden", "table", "bench", "properties", "mutants"),
+    # comparing engines, the KV sizing check, recorded traces, tables, the property
+    # registry, the mutant catalogue
+    ("conformance", "kv_sizing_check", "golden", "table", "properties", "mutants"),
     # campaigns and the mutant hunt
     ("campaign", "reach", "upgrade", "capture"),
-    # the upgrade check from the base environment
-    ("upgrade_check", "mutants.hunt", "code_coverage"),
+    # the upgrade check from the base environment; the benchmark (it times campaigns)
+    ("upgrade_check", "mutants.hunt", "code_coverage", "bench"),
     # the main job
     ("conformance_job",),
     # the command line

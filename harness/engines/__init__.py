@@ -8,6 +8,8 @@ Everything that imports ``vllm`` or ``torch`` lives in this package:
 * :mod:`harness.engines.vllm_adapter` -- vLLM's real scheduler, instrumented;
 * :mod:`harness.engines.vllm_core` -- vLLM's real ``EngineCore`` over a scripted executor
   (engine ``vllm-core``: vLLM's own step loop);
+* :mod:`harness.engines.vllm_bare` -- vLLM's scheduler in a bare loop, no trace (the
+  benchmark's yardstick);
 * :mod:`harness.engines.vllm_kv_sizing` -- vLLM's start-up KV sizing, in plain values
   (:func:`vllm_kv_sizes`: bytes per token and per page of a model, for the seed table);
 * :mod:`harness.engines.vllm_connector` -- the scripted KV connector vLLM loads by
@@ -102,6 +104,14 @@ def _vllm_core_engine():
     with _vllm_importable():
         from harness.engines.vllm_core import VllmCoreEngine
     return VllmCoreEngine()
+
+
+def vllm_bare_loop():
+    """The bare vLLM scheduler loop (:mod:`harness.engines.vllm_bare`): ``(run_bare,
+    refuses)``, the benchmark's yardstick for what checking a stream costs."""
+    with _vllm_importable():
+        from harness.engines.vllm_bare import refuses, run_bare
+    return run_bare, refuses
 
 
 def vllm_sizing(model_dir: Path):
