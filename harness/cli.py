@@ -248,7 +248,21 @@ def cmd_upgrade_report(ns) -> int:
 
 def cmd_bench(ns) -> int:
     from harness.bench import main as bench_main
-    return bench_main(num_blocks=ns.blocks, num_requests=ns.requests)
+    output = None
+    if ns.output is not None:
+        output = Path(ns.output)
+        # Checked now, not after minutes of measuring; created only when the report is written.
+        existing = next(p for p in (output, *output.parents) if p.exists() or p == Path(p.anchor))
+        if not existing.is_dir():
+            raise UsageError(f"--output {ns.output}: {existing} is a file, not a folder")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise UsageError(f"--output {ns.output}: {existing} is not writable")
+    command = " ".join(["python -m harness bench"] + (["--quick"] if ns.quick else [])
+                       + ([f"--output {ns.output}"] if ns.output is not None else [])
+                       + ([f"--blocks {ns.blocks}"] if ns.blocks else [])
+                       + ([f"--requests {ns.requests}"] if ns.requests else []))
+    return bench_main(quick=ns.quick, output=output, num_blocks=ns.blocks,
+                      num_requests=ns.requests, command=command)
 
 
 def _run_with_mutant(name: str, ns) -> int:
@@ -382,9 +396,16 @@ def build_parser() -> argparse.ArgumentParser:
                        help="do not record the bundled streams' traces into fixtures/traces/")
         u.set_defaults(func=func)
 
-    b = sub.add_parser("bench", help="step speed: reference vs vLLM on a large pool")
-    b.add_argument("--blocks", type=positive_int, default=1_000_000)
-    b.add_argument("--requests", type=positive_int, default=512)
+    b = sub.add_parser("bench", help="what checking costs: six figures against their targets, "
+                                     "written to docs/performance.md with a plot")
+    b.add_argument("--quick", action="store_true",
+                   help="small sizes (under a minute; for tests and development)")
+    b.add_argument("--output", metavar="DIR", default=None,
+                   help="folder for performance.md and performance-scaling.svg (default: docs/)")
+    b.add_argument("--blocks", type=positive_int, default=None,
+                   help="pages of figure 1b's big pool (default 1,000,000; --quick 20,000)")
+    b.add_argument("--requests", type=positive_int, default=None,
+                   help="requests of figure 1b's big pool (default 512; --quick 64)")
     b.set_defaults(func=cmd_bench)
     return p
 
