@@ -38,7 +38,14 @@ mutants: $(STAMP)
 record: $(STAMP)
 	$(PY) -m harness record fixtures/streams -o fixtures/traces/vllm-0.11.0/
 
-bench: $(STAMP)
+# The plot needs matplotlib (extra [bench]); the tests do not.
+BENCH_STAMP := $(VENV)/.installed-bench
+
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install -qq --disable-pip-version-check -c constraints.txt -e '.[vllm,bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	$(PY) -m harness bench
 
 # Captures of the bundled streams by a model that samples, turned into scripted streams and
