@@ -375,14 +375,6 @@ def campaign_figures(results: Results, examples: int, profile: str, run_campaign
     """Figures 3 and 4 from two campaigns of ``examples`` streams, seed 0: one worker, then
     ``workers``.  ``run_campaign`` follows harness.campaign.run_campaign.  Returns the peak
     RSS of each worker of the second (figure 6), or why there is none."""
-    import inspect
-    if "workers" not in inspect.signature(run_campaign).parameters:
-        why = "harness.campaign.run_campaign takes no workers yet"
-        results.add(Figure("3", "campaign time generating streams", "n/a",
-                           f"≤ {TARGET_GENERATION_SHARE:.0%}", None, why))
-        results.add(Figure("4", "campaign streams/min, all cores over one worker", "n/a",
-                           f"≥ {TARGET_SPEEDUP_PER_CORE * workers:.1f}x", None, why))
-        return [], why
     with _quiet_stderr():  # the campaign's progress bar
         one = run_campaign(examples, 0, profile, engines=("vllm",), workers=1)
         many = run_campaign(examples, 0, profile, engines=("vllm",), workers=workers)

@@ -5,6 +5,13 @@ Shows progress, shrinks any divergence to a small stream written to
 reached (preemptions per policy, prefix hits, evictions, chunked prefills,
 spec rejections, aborts of each kind).
 
+The campaign is cut into chunks (:mod:`harness.chunks`) that run in this
+process, on forked workers (``--workers N``, default every core) or on a Ray
+cluster (``--ray``, :mod:`harness.workers`); a given seed checks the same
+streams, reaches the same counters and keeps the same counterexample whatever
+runs it.  Without ``--seed`` a seed is drawn and reported, so any campaign can
+be run again.
+
 Ctrl-C (SIGINT) or SIGTERM stops the campaign at the next stream: the summary
 so far is printed, the counterexample shrunk so far stays on disk, and the
 result says ``interrupted`` (exit 130).  A second signal stops at once.
@@ -13,45 +20,50 @@ result says ``interrupted`` (exit 130).  A second signal stops at once.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import random
+import shutil
 import signal
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterator
 
-from hypothesis import HealthCheck, given, settings
-from hypothesis import seed as fixed_seed
-from hypothesis.errors import Flaky
+from hypothesis import settings
 
 from harness import profiles
-from harness.conformance import Divergent, assert_conforms
+from harness import workers as where
+from harness.chunks import CHUNK_STREAMS, Gathered, Interrupted, chunks_of, counterexample_path
 from harness.engines import get_engine
-from harness.properties import by_name
-from harness.stream import parse_stream
+from harness.paths import counterexamples_dir, write_json
 from harness.stats import Stats
 
 LABEL = "fuzz"
 
-#: The main job's campaign (make conformance): this many streams, from this seed.
+#: The main job's campaign (make conformance): this many streams, from this seed, as one
+#: chunk (so the mutant hunt's main-job streams are the same hypothesis run).
 MAIN_JOB_EXAMPLES = 300
 MAIN_JOB_SEED = 0
-
-
-class Interrupted(BaseException):
-    """Raised inside the property when a stop was asked for; hypothesis lets it through."""
 
 
 @dataclass
 class CampaignResult:
     examples: int  # streams asked for
     profile: str
-    seed: int | None
+    seed: int
     stats: Stats
+    workers: str = "1"  # "N" forked or in this process, or "ray"
     shrink_runs: int = 0
     seconds: float = 0.0
+    check_seconds: float = 0.0  # inside the checks, over all workers (the rest: generating)
+    streams_sha256: str = ""  # a digest of every stream checked, in the campaign's order
     divergence: str | None = None  # the report of the shrunk counterexample
+    counterexample: str | None = None  # where it was kept
     interrupted: bool = False
+    lost: dict[int, str] = field(default_factory=dict)  # chunk index -> why it was lost
+    worker_peak_rss_mb: list[float] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
 
     @property
@@ -62,10 +74,13 @@ class CampaignResult:
 
     def to_json(self) -> dict:
         return {"outcome": self.outcome, "profile": self.profile, "seed": self.seed,
-                "examples_asked": self.examples, "streams_checked": self.stats.counts["streams"],
+                "workers": self.workers, "examples_asked": self.examples,
+                "streams_checked": self.stats.counts["streams"],
+                "streams_sha256": self.streams_sha256,
                 "shrink_runs": self.shrink_runs, "seconds": round(self.seconds, 1),
                 "rules": dict(self.stats.counts), "unreached": self.stats.unreached(),
-                "divergence": self.divergence}
+                "lost_chunks": {str(i): why for i, why in sorted(self.lost.items())},
+                "divergence": self.divergence, "counterexample": self.counterexample}
 
 
 @contextlib.contextmanager
@@ -124,64 +139,94 @@ class Progress:
             sys.stderr.write("\n")
 
 
-def given_campaign(body, examples: int, seed: int | None, base: settings | None = None):
-    """``body`` as the campaign's hypothesis test: ``examples`` streams of the whole
-    space, from ``seed`` when given (the main job's are seed 0), else as the profile says.
-    The mutant hunt draws the main job's streams through this too."""
-    base = base or settings()
-    test = settings(base, max_examples=examples, print_blob=False, deadline=None,
-                    suppress_health_check=list(HealthCheck),
-                    derandomize=base.derandomize and seed is None,
-                    database=None if seed is not None else base.database)(
-        given(by_name("whole_space").strategy())(body))
-    return fixed_seed(seed)(test) if seed is not None else test
-
-
 def run_campaign(examples: int | None = None, seed: int | None = None,
-                 profile: str | None = None, engines: tuple[str, ...] = ("vllm",)
-                 ) -> CampaignResult:
-    """Check streams of the whole space until ``examples`` have run, one diverges, or a stop.
-    Each stream is checked on every engine of ``engines`` that takes it (the first one's
-    runs are the summary's)."""
+                 profile: str | None = None, engines: tuple[str, ...] = ("vllm",),
+                 workers: int = 1, ray: str | None = None,
+                 chunk_streams: int = CHUNK_STREAMS) -> CampaignResult:
+    """Check ``examples`` streams of the whole space from ``seed`` (drawn when None) until
+    all have run, one diverges, or a stop.  Each stream is checked on every engine of
+    ``engines`` that takes it (the first one's runs are the summary's).  The chunks run
+    in this process (``workers`` 1), on ``workers`` forked processes, or on Ray
+    (``ray``: an address, or ``"local"`` for an instance of its own)."""
     name = profiles.load(profile)
-    # Import vLLM before the clock and the signal handlers start.
-    first, *others = [get_engine(e) for e in engines]
-    base = settings()
-    examples = examples or base.max_examples
-    result = CampaignResult(examples, name, seed, Stats())
+    examples = examples or settings().max_examples
+    seed = random.SystemRandom().randrange(2**32) if seed is None else seed
+    chunks = chunks_of(examples, seed, chunk_streams)
+    gathered = Gathered(chunks)
+    folder = counterexamples_dir() / ".fuzz-chunks"
+    shutil.rmtree(folder, ignore_errors=True)
+    if ray is None:
+        for e in engines:  # import vLLM before the clock and the signals (and before forking)
+            get_engine(e)
     progress = Progress(examples)
     started = time.monotonic()
-    failed = False
-
+    interrupted = False
     with stop_on_signals() as stop:
-        def campaign(data):
-            nonlocal failed
-            if stop.is_set():
-                raise Interrupted
-            # After the first failure hypothesis only shrinks: those runs are not new streams.
-            stats = None if failed else result.stats
-            if failed:
-                result.shrink_runs += 1
-            try:
-                assert_conforms(data, label=LABEL, vllm=first, stats=stats)
-                for engine in others:
-                    if engine.refuses(parse_stream(data)) is None:
-                        assert_conforms(data, label=f"{LABEL}-{engine.name}", vllm=engine)
-            except Divergent:
-                failed = True
-                raise
-            finally:
-                progress.update(result.stats.counts["streams"], result.shrink_runs)
-
         try:
-            given_campaign(campaign, examples, seed, base)()
-        except (Divergent, Flaky) as exc:
-            result.divergence = str(exc)
+            if ray is not None:
+                where.run_on_ray(chunks, gathered, name, engines, progress.update, stop,
+                                 None if ray == "local" else ray)
+            elif workers > 1:
+                where.run_forked(chunks, gathered, name, engines, folder, progress.update,
+                                 stop, workers)
+            else:
+                where.run_here(chunks, gathered, name, engines, folder, progress.update, stop)
         except (Interrupted, KeyboardInterrupt):
-            result.interrupted = True
+            interrupted = True
     progress.close()
+    result = _result(gathered, examples, name, seed, folder, interrupted)
+    result.workers = "ray" if ray is not None else str(workers)
     result.seconds = time.monotonic() - started
+    shutil.rmtree(folder, ignore_errors=True)
     return result
+
+
+def _result(gathered: Gathered, examples: int, profile: str, seed: int, folder: Path,
+            interrupted: bool) -> CampaignResult:
+    """The campaign's answer from its chunks' results, read in the chunks' order."""
+    stats = Stats()
+    result = CampaignResult(examples, profile, seed, stats, interrupted=interrupted,
+                            lost=dict(gathered.lost))
+    digest = hashlib.sha256()
+    peaks: dict[str, float] = {}
+    for r in gathered.in_order():
+        for key, n in r.counts.items():
+            stats.counts[key] += n
+        digest.update(r.streams_sha256.encode())
+        result.check_seconds += r.check_seconds
+        peaks[r.worker] = max(peaks.get(r.worker, 0.0), r.peak_rss_mb)
+        if r.divergence:
+            result.shrink_runs = r.shrink_runs
+            result.divergence = r.divergence
+            result.counterexample = _keep(r.counterexample, counterexample_path(folder, r.index))
+            if result.counterexample:
+                result.divergence = r.divergence.replace(
+                    str(counterexample_path(folder, r.index)), result.counterexample)
+        if r.interrupted:
+            result.interrupted = True
+    result.streams_sha256 = digest.hexdigest()
+    result.worker_peak_rss_mb = sorted(peaks.values(), reverse=True)
+    if interrupted and not result.divergence:
+        # A chunk stopped while shrinking: keep what it had shrunk so far.
+        kept = sorted(folder.glob("*.json"), key=lambda p: int(p.stem)) if folder.is_dir() else []
+        if kept:
+            result.counterexample = _keep(None, kept[0])
+            result.shrink_runs = max(result.shrink_runs, 1)
+    return result
+
+
+def _keep(stream: dict | None, chunk_file: Path) -> str | None:
+    """The counterexample as ``counterexamples/fuzz.json``: from a result, or from the
+    file a chunk kept on this machine."""
+    import json
+    if stream is None:
+        try:
+            stream = json.loads(chunk_file.read_text())
+        except (OSError, ValueError):
+            return None
+    path = counterexamples_dir() / f"{LABEL}.json"
+    write_json(path, stream)
+    return str(path)
 
 
 def summary_lines(r: CampaignResult) -> list[str]:
@@ -189,25 +234,33 @@ def summary_lines(r: CampaignResult) -> list[str]:
     missing = r.stats.unreached()
     if missing:
         lines.append(f"not reached in this campaign: {', '.join(missing)}")
+    for index, why in sorted(r.lost.items()):
+        lines.append(f"chunk {index} lost ({why}): its streams were not checked")
     checked = r.stats.counts["streams"]
+    where = "on Ray" if r.workers == "ray" else f"on {r.workers} worker(s)"
     if r.interrupted:
-        lines.append(f"interrupted after {checked} of {r.examples} streams ({r.seconds:.0f} s)"
-                     + ("; the counterexample shrunk so far is in counterexamples/fuzz.json"
-                        if r.shrink_runs else ""))
+        lines.append(f"interrupted after {checked} of {r.examples} streams ({r.seconds:.0f} s, "
+                     f"seed {r.seed})" + (f"; the counterexample shrunk so far is in "
+                                         f"{r.counterexample}" if r.counterexample else ""))
     elif r.divergence:
         lines.append(r.divergence)
     else:
-        lines.append(f"{checked} streams, no divergence ({r.seconds:.0f} s)")
+        lines.append(f"{checked} streams, no divergence ({r.seconds:.0f} s, seed {r.seed}, "
+                     f"{where})")
     return lines
 
 
 def fuzz(examples: int | None = None, seed: int | None = None, profile: str | None = None,
-         as_json: bool = False, engines: list[str] | None = None) -> int:
-    """The ``fuzz`` command: 0 clean, 1 a divergence, 130 interrupted."""
+         as_json: bool = False, engines: list[str] | None = None, workers: int = 1,
+         ray: str | None = None, chunk_streams: int = CHUNK_STREAMS) -> int:
+    """The ``fuzz`` command: 0 clean, 1 a divergence or a lost chunk, 130 interrupted."""
     import json
-    r = run_campaign(examples, seed, profile, tuple(engines or ["vllm"]))
+    r = run_campaign(examples, seed, profile, tuple(engines or ["vllm"]), workers, ray,
+                     chunk_streams)
     if as_json:
         print(json.dumps(r.to_json(), indent=1, sort_keys=True))
     else:
         print("\n".join(summary_lines(r)))
+    if r.outcome == "clean" and r.lost:
+        return 1
     return {"clean": 0, "diverged": 1, "interrupted": 130}[r.outcome]

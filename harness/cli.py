@@ -186,8 +186,12 @@ def cmd_gpu_check(ns) -> int:
 
 def cmd_fuzz(ns) -> int:
     from harness.campaign import fuzz
+    from harness.workers import default_workers
+    engines = vllm_engines(ns.engines)
+    if ns.ray is not None and ns.workers is not None:
+        raise UsageError("--workers: not with --ray (Ray places the chunks on the cluster's cores)")
     return fuzz(examples=ns.examples, seed=ns.seed, profile=ns.profile, as_json=ns.json,
-                engines=vllm_engines(ns.engines))
+                engines=engines, workers=ns.workers or default_workers(), ray=ns.ray)
 
 
 def cmd_coverage(ns) -> int:
@@ -324,6 +328,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the vLLM engines each stream is checked on against the reference, "
                         "comma-separated: vllm (vLLM's scheduler under the step loop), "
                         "vllm-core (vLLM's EngineCore; streams it does not take are skipped)")
+    f.add_argument("--workers", type=positive_int, default=None,
+                   help="processes checking chunks of the campaign at once (default: every "
+                        "core); the same seed checks the same streams whatever the number")
+    f.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   help="run the chunks as tasks on a Ray cluster: ADDRESS (e.g. auto, or "
+                        "ray://head:10001), or a local Ray instance when no ADDRESS is given")
     f.set_defaults(func=cmd_fuzz)
 
     cv = sub.add_parser("coverage", help="a fuzz campaign under coverage.py: the share of "

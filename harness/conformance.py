@@ -12,6 +12,7 @@ report instead of raising.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 from harness import counterexamples
@@ -76,10 +77,12 @@ def compare(stream: Stream, reference=None, vllm=None) -> Comparison:
 
 
 def assert_conforms(data: dict[str, Any], label: str = "counterexample", reference=None,
-                    vllm=None, stats: Stats | None = None, replay_env: str = "") -> None:
+                    vllm=None, stats: Stats | None = None, replay_env: str = "",
+                    folder: Path | None = None) -> None:
     """Raise Divergent (with a report and a replay command) if the engines disagree.
 
-    ``replay_env`` (e.g. ``HARNESS_MUTANT=x``) is what the replay command needs set.
+    ``replay_env`` (e.g. ``HARNESS_MUTANT=x``) is what the replay command needs set;
+    the stream is kept in ``folder`` (default: the counterexamples folder).
     """
     stream = parse_stream(data)
     c = compare(stream, reference, vllm)
@@ -87,7 +90,7 @@ def assert_conforms(data: dict[str, Any], label: str = "counterexample", referen
         stats.add(c.vllm)
     if c.equal:
         return
-    path = counterexamples.save(stream, label)
+    path = counterexamples.save(stream, label, folder)
     text = report(c.vllm, c.reference, c.divergence) if c.divergence else "\n".join(c.failure_lines())
     message = (f"{text}\n\n{len(stream.requests)} request(s); stream written to {path}\n"
                f"replay: {replay_env + ' ' if replay_env else ''}python -m harness check {path}"

@@ -40,7 +40,8 @@ def main(examples: int = MAIN_JOB_EXAMPLES) -> int:
     print("\n".join([f"  differs: {line}" for line in rec_bad]
                     + [f"{rec_ok}/{rec_total} recorded traces match the reference of their release"]))
     print(f"\n== hypothesis campaign ({examples} streams)")
-    fuzz_status = fuzz(examples=examples, seed=MAIN_JOB_SEED, profile=None)
+    fuzz_status = fuzz(examples=examples, seed=MAIN_JOB_SEED, profile=None,
+                       chunk_streams=examples)
     vllm = get_engine("vllm")
     if SEED_STREAM.exists():
         print("\n== the seed example, step by step (real vLLM)")

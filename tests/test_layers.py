@@ -38,6 +38,9 @@ LAYERS: list[tuple[str, ...]] = [
     # comparing engines, the KV sizing check, recorded traces, tables, the property
     # registry, the mutant catalogue
     ("conformance", "kv_sizing_check", "golden", "table", "properties", "mutants"),
+    # a campaign cut into chunks; where chunks run (this process, forked workers, Ray)
+    ("chunks",),
+    ("workers",),
     # campaigns and the mutant hunt
     ("campaign", "reach", "upgrade", "capture"),
     # the upgrade check from the base environment; the benchmark (it times campaigns)

@@ -7,7 +7,7 @@
   generate, ``harness.properties.given_property``), the bundled streams, the
   KV sizing check and the replay of every release's recorded traces;
 * **main job** -- what ``make conformance`` runs: the campaign's streams
-  (``harness.campaign.given_campaign``, seed 0), the bundled streams, the KV
+  (``harness.chunks.given_campaign``, seed 0), the bundled streams, the KV
   sizing check and the same replay.
 
 For each generated stream vLLM runs once, unpatched; a reference mutant kills
@@ -139,7 +139,8 @@ def _hunt_on_recorded(mutant: Mutant, release: str) -> Result:
 def _kills_in_set(set_name: str, profile: str, names: list[str]) -> dict[str, Any]:
     """One stream set's kills: for each mutant, the streams that kill it (indices, 1-based)."""
     from harness import profiles
-    from harness.campaign import MAIN_JOB_EXAMPLES, MAIN_JOB_SEED, given_campaign
+    from harness.campaign import MAIN_JOB_EXAMPLES, MAIN_JOB_SEED
+    from harness.chunks import given_campaign
     from harness.diff import first_divergence
     from harness.properties import by_name, given_property
     profiles.load(profile)
