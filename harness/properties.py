@@ -99,7 +99,7 @@ PROPERTIES: tuple[Property, ...] = (
              targets=("encoder_outputs_not_shared", "encoder_budget_ignored")),
     Property("encoder_pressure", st.encoder_pressure_streams, ("encoder_cut",),
              targets=("encoder_evicts_newest", "encoder_outputs_held_to_the_end",
-                      "chunked_mm_input_allowed", "preempted_keeps_encoder_outputs"), scale=5),
+                      "chunked_mm_input_allowed", "preempted_keeps_encoder_outputs"), scale=10),
     Property("mm_prefix_hits", st.mm_hash_streams,
              targets=("mm_hash_not_in_block_hash", "mm_item_ending_at_block_start_skipped",
                       "mm_later_hashing_from_first_item"), scale=2),
