@@ -371,10 +371,10 @@ def figure_check_cost(streams: list[Stream], repeats: int, profile_streams: list
 
 
 def campaign_figures(results: Results, examples: int, profile: str, run_campaign,
-                     workers: int, profile_gen: Callable[[], object]) -> tuple[list[float], str]:
+                     workers: int, profile_gen: Callable[[], object]) -> list[float]:
     """Figures 3 and 4 from two campaigns of ``examples`` streams, seed 0: one worker, then
     ``workers``.  ``run_campaign`` follows harness.campaign.run_campaign.  Returns the peak
-    RSS of each worker of the second (figure 6), or why there is none."""
+    RSS of each worker of the second (figure 6)."""
     with _quiet_stderr():  # the campaign's progress bar
         one = run_campaign(examples, 0, profile, engines=("vllm",), workers=1)
         many = run_campaign(examples, 0, profile, engines=("vllm",), workers=workers)
@@ -405,7 +405,7 @@ def campaign_figures(results: Results, examples: int, profile: str, run_campaign
     else:
         results.add(Figure("4", "campaign streams/min, all cores over one worker", "n/a",
                            "≥ 1.8x on 2 cores", None, "one core: nothing to compare"))
-    return list(many.worker_peak_rss_mb), ""
+    return list(many.worker_peak_rss_mb)
 
 
 @contextlib.contextmanager
@@ -420,13 +420,13 @@ def _quiet_stderr():
         raise
 
 
-def memory_figure(peaks: list[float], why: str) -> Figure:
+def memory_figure(peaks: list[float]) -> Figure:
     """Figure 6: the campaign workers' peak RSS, and this process's."""
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     mine = f"this process (both engines, every pool above): {own:.0f} MB"
     if not peaks:
         return Figure("6", "peak RSS per campaign worker", "n/a", f"≤ {TARGET_WORKER_RSS_MB} MB",
-                      None, f"{why or 'no worker reported'}; {mine}")
+                      None, f"no worker reported; {mine}")
     top = max(peaks)
     return Figure("6", "peak RSS per campaign worker (largest)", f"{top:.0f} MB",
                   f"≤ {TARGET_WORKER_RSS_MB} MB", top <= TARGET_WORKER_RSS_MB,
@@ -510,12 +510,12 @@ def report_section(results: Results, command: str, machine: str, seconds: float,
     return "\n".join(lines) + "\n"
 
 
-def merge_report(existing: str, section: str) -> str:
-    """``existing`` with its generated section replaced by ``section`` (appended when it
-    has none)."""
-    if BEGIN in existing and END in existing:
-        head, rest = existing.split(BEGIN, 1)
-        return head + section.rstrip("\n") + rest.split(END, 1)[1]
+def merge_report(existing: str, section: str, begin: str = BEGIN, end: str = END) -> str:
+    """``existing`` with its generated section (from ``begin`` to ``end``) replaced by
+    ``section``, which holds both markers (appended when ``existing`` has none)."""
+    if begin in existing and end in existing:
+        head, rest = existing.split(begin, 1)
+        return head + section.rstrip("\n") + rest.split(end, 1)[1]
     return existing.rstrip("\n") + "\n\n" + section
 
 
@@ -592,14 +592,14 @@ def _measure(sizes: Sizes, output: Path, num_blocks: int, num_requests: int, com
 
     from harness.campaign import run_campaign
     gc.unfreeze()  # the campaigns as `harness fuzz` runs them, collector and all
-    peaks, why = campaign_figures(results, sizes.campaign_streams, sizes.campaign_profile,
+    peaks = campaign_figures(results, sizes.campaign_streams, sizes.campaign_profile,
                                   run_campaign, os.cpu_count() or 1,
                                   lambda: small_streams(min(sizes.campaign_streams, 100),
                                                         seed=1))
     gc.collect()
     gc.freeze()
     scaling(sizes, results)
-    results.add(memory_figure(peaks, why))
+    results.add(memory_figure(peaks))
 
     plot_note = write_plot(results, output / PLOT)
     if plot_note:

@@ -35,7 +35,8 @@ from hypothesis import settings
 
 from harness import profiles
 from harness import workers as where
-from harness.chunks import CHUNK_STREAMS, Gathered, Interrupted, chunks_of, counterexample_path
+from harness.chunks import (CHUNK_STREAMS, Gathered, Interrupted, chunks_of, counterexample_path,
+                            read_json)
 from harness.engines import get_engine
 from harness.paths import counterexamples_dir, write_json
 from harness.stats import Stats
@@ -64,7 +65,6 @@ class CampaignResult:
     interrupted: bool = False
     lost: dict[int, str] = field(default_factory=dict)  # chunk index -> why it was lost
     worker_peak_rss_mb: list[float] = field(default_factory=list)
-    lines: list[str] = field(default_factory=list)
 
     @property
     def outcome(self) -> str:
@@ -218,12 +218,9 @@ def _result(gathered: Gathered, examples: int, profile: str, seed: int, folder: 
 def _keep(stream: dict | None, chunk_file: Path) -> str | None:
     """The counterexample as ``counterexamples/fuzz.json``: from a result, or from the
     file a chunk kept on this machine."""
-    import json
+    stream = stream if stream is not None else read_json(chunk_file)
     if stream is None:
-        try:
-            stream = json.loads(chunk_file.read_text())
-        except (OSError, ValueError):
-            return None
+        return None
     path = counterexamples_dir() / f"{LABEL}.json"
     write_json(path, stream)
     return str(path)

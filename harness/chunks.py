@@ -115,16 +115,17 @@ def run_chunk(chunk: Chunk, profile: str, engines: tuple[str, ...], folder: Path
         if stop is not None and stop():
             raise Interrupted
         # After the first failure hypothesis only shrinks: those runs are not new streams.
+        stream = parse_stream(data)
         if failed:
             result.shrink_runs += 1
         else:
-            digest.update(parse_stream(data).sha256().encode())
+            digest.update(stream.sha256().encode())
         started = time.perf_counter()
         try:
             assert_conforms(data, label=label, vllm=first, stats=None if failed else stats,
                             folder=folder)
             for engine in others:
-                if engine.refuses(parse_stream(data)) is None:
+                if engine.refuses(stream) is None:
                     assert_conforms(data, label=label, vllm=engine, folder=folder)
         except Divergent:
             failed = True
@@ -139,7 +140,7 @@ def run_chunk(chunk: Chunk, profile: str, engines: tuple[str, ...], folder: Path
         given_campaign(body, chunk.examples, chunk.seed, settings())()
     except (Divergent, Flaky) as exc:
         result.divergence = str(exc)
-        result.counterexample = _read_json(counterexample_path(folder, chunk.index))
+        result.counterexample = read_json(counterexample_path(folder, chunk.index))
     except (Interrupted, KeyboardInterrupt):
         result.interrupted = True
     result.seconds = time.perf_counter() - started
@@ -154,7 +155,8 @@ def _worker() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _read_json(path: Path) -> dict | None:
+def read_json(path: Path) -> dict | None:
+    """A kept stream, or None when the file is missing or not JSON."""
     import json
     try:
         return json.loads(path.read_text())

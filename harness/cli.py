@@ -1,5 +1,5 @@
 """``python -m harness`` (or ``vllm-conformance``): trace, check, table, record, replay,
-fuzz, coverage, reach, mutants, conformance, bench.
+fuzz, coverage, reach, mutants, conformance, bench, race.
 
 Exit codes:
 
@@ -269,6 +269,28 @@ def cmd_bench(ns) -> int:
                       num_requests=ns.requests, command=command)
 
 
+def cmd_race(ns) -> int:
+    from harness import fuzzer_race
+    from harness.mutants import find
+    ns.mutants = ns.mutants or list(fuzzer_race.MUTANTS)
+    ns.methods = ns.methods or list(fuzzer_race.METHODS)
+    unknown = [name for name in ns.mutants if find(name) is None]
+    if unknown:
+        raise UsageError(f"--mutants: no mutant called {', '.join(unknown)} "
+                         "(python -m harness mutants lists them)")
+    if "hypofuzz" in ns.methods and not (fuzzer_race.HYPOFUZZ_ENV / "hypofuzz").is_dir():
+        raise UsageError("--methods hypofuzz: HypoFuzz is not installed; run make fuzz-env")
+    report = None
+    if ns.report is not None:
+        report = Path(ns.report)
+        if report.is_dir() or not report.parent.is_dir():
+            raise UsageError(f"--report {ns.report}: must be a file in an existing folder")
+    command = " ".join(["python -m harness race", f"--limit {ns.limit:g}", f"--laps {ns.laps}"]
+                       + ([f"--report {ns.report}"] if ns.report else []))
+    return fuzzer_race.main(tuple(ns.mutants), tuple(ns.methods), ns.limit, ns.jobs, ns.laps,
+                            report, command)
+
+
 def _run_with_mutant(name: str, ns) -> int:
     """HARNESS_MUTANT=<name>: run the command against one mutant (see harness.mutants)."""
     from harness.mutants import find
@@ -417,6 +439,20 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--requests", type=positive_int, default=None,
                    help="requests of figure 1b's big pool (default 512; --quick 64)")
     b.set_defaults(func=cmd_bench)
+
+    rc = sub.add_parser("race", help="which way of fuzzing locally finds a rarely decided rule "
+                                     "first: hypothesis, targeted hypothesis, HypoFuzz")
+    rc.add_argument("--limit", type=positive_float, default=120.0, help="seconds per lap")
+    rc.add_argument("--laps", type=positive_int, default=1, help="laps per mutant and method")
+    rc.add_argument("--jobs", type=positive_int, default=2, help="laps run at once")
+    rc.add_argument("--mutants", nargs="+", default=None, metavar="MUTANT",
+                    help="reference mutants to race to (default: ten rarely decided rules)")
+    rc.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
+                    choices=("hypothesis", "targeted", "hypofuzz"))
+    rc.add_argument("--report", metavar="MARKDOWN", default=None,
+                    help="also write the table into this file between its fuzzers:begin/end "
+                         "markers (e.g. docs/performance.md)")
+    rc.set_defaults(func=cmd_race)
     return p
 
 

@@ -19,7 +19,7 @@ from harness import counterexamples
 from harness.diff import Divergence, first_divergence, report
 from harness.engines import get_engine
 from harness.runner import run
-from harness.stats import Stats
+from harness.stats import Stats, aim_at
 from harness.stream import Stream, parse_stream
 from harness.trace import ENGINE_FAILURE
 
@@ -78,16 +78,19 @@ def compare(stream: Stream, reference=None, vllm=None) -> Comparison:
 
 def assert_conforms(data: dict[str, Any], label: str = "counterexample", reference=None,
                     vllm=None, stats: Stats | None = None, replay_env: str = "",
-                    folder: Path | None = None) -> None:
+                    folder: Path | None = None, aim: bool = False) -> None:
     """Raise Divergent (with a report and a replay command) if the engines disagree.
 
     ``replay_env`` (e.g. ``HARNESS_MUTANT=x``) is what the replay command needs set;
-    the stream is kept in ``folder`` (default: the counterexamples folder).
+    the stream is kept in ``folder`` (default: the counterexamples folder).  With
+    ``aim``, the stream's rule counters become hypothesis targets (:func:`harness.stats.aim_at`).
     """
     stream = parse_stream(data)
     c = compare(stream, reference, vllm)
     if stats is not None:
         stats.add(c.vllm)
+    if aim and c.equal:
+        aim_at(c.vllm)
     if c.equal:
         return
     path = counterexamples.save(stream, label, folder)

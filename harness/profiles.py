@@ -5,6 +5,9 @@
 * ``dev``     -- the default on a workstation: 50 streams per property, random.
 * ``nightly`` -- 5,000 streams per property, random, with the example database
                  so that a failure found once is replayed first next time.
+* ``replay``  -- no new streams: only what the example database holds (failures
+                 found by earlier runs or by HypoFuzz, ``make dashboard``), shrunk
+                 and kept in counterexamples/ as any failure is.
 
 The default is ``ci`` when hypothesis itself detects a CI system (``CI``,
 ``GITHUB_ACTIONS``, ``TF_BUILD``, ... -- the variables hypothesis reads), and
@@ -33,6 +36,9 @@ PROFILES: dict[str, dict] = {
     "nightly": dict(max_examples=5000, deadline=None, derandomize=False,
                     suppress_health_check=_SLOW_OK, print_blob=True, phases=list(Phase),
                     **_ONE_BUG),
+    "replay": dict(max_examples=50, deadline=None, suppress_health_check=_SLOW_OK,
+                   print_blob=True, phases=[Phase.explicit, Phase.reuse, Phase.shrink],
+                   **_ONE_BUG),
 }
 
 
@@ -69,6 +75,16 @@ def pin_local_constants() -> None:
         cache = getattr(providers, "CONSTANTS_CACHE", None)
         if cache is not None and hasattr(cache, "cache"):
             cache.cache.clear()  # anything drawn before the pin
+
+
+def aiming() -> bool:
+    """Whether ``HARNESS_TARGET=1`` asks the conformance properties to steer generation.
+
+    Each stream's rule counters then become ``hypothesis.target`` scores
+    (:func:`harness.stats.aim_at`).  That changes which streams a seed draws, so it
+    is off unless asked for; docs/performance.md measures what it buys.
+    """
+    return os.environ.get("HARNESS_TARGET") == "1"
 
 
 def register() -> None:

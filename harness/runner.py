@@ -8,7 +8,7 @@ decoding on, every scheduled request gets a draft list: its next scripted one
 if it emitted tokens, an empty one if not.
 
 With ``async_scheduling`` or ``pipeline_parallel_size`` > 1 a step is one call
-of vLLM's ``EngineCore.step_with_batch_queue`` instead (:func:`_async_step`):
+of vLLM's ``EngineCore.step_with_batch_queue`` instead (:func:`_batch_queue_step`):
 the scripted model answers a batch when it is scheduled, and the answer is
 applied once the queue is full or a step schedules no work, unless the stream
 lists the step in ``async_ready_steps`` (the worker was done at once).
@@ -107,7 +107,7 @@ def _loop(engine: Engine, stream: Stream, trace: Trace, limits: Limits) -> None:
     reported_finished: set[str] = set()
     # A batch queue (async scheduling, pipeline parallelism): the batches scheduled whose
     # output is not applied yet, newest first.
-    batch_queue = stream.config.async_scheduling or stream.config.pipeline_parallel_size > 1
+    batch_queue = stream.config.batch_queue
     in_flight: deque[Batch] = deque()
 
     step = 0
@@ -132,7 +132,7 @@ def _loop(engine: Engine, stream: Stream, trace: Trace, limits: Limits) -> None:
 
         updated = None
         if batch_queue and (engine.has_requests() or in_flight):
-            scheduled, applied = _async_step(engine, stream, step, by_id, in_flight)
+            scheduled, applied = _batch_queue_step(engine, stream, step, by_id, in_flight)
             emitted = applied.sampled if applied else {}
             updated = applied.step if applied else None
             stats = engine.stats() if applied and "stats" in optional else None
@@ -173,7 +173,7 @@ class Batch:
     sampled: dict[str, list[int]]
 
 
-def _async_step(engine: Engine, stream: Stream, step: int, by_id: dict,
+def _batch_queue_step(engine: Engine, stream: Stream, step: int, by_id: dict,
                 in_flight: deque[Batch]) -> tuple:
     """One step of vLLM's engine with a batch queue (``step_with_batch_queue``):
     schedule a batch if any request is there, then apply the oldest batch in flight

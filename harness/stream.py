@@ -131,6 +131,12 @@ class Config:
     def uses_eagle(self) -> bool:
         return self.num_speculative_tokens > 0 and self.speculative_method == "eagle"
 
+    @property
+    def batch_queue(self) -> bool:
+        """Whether vLLM's engine steps with a batch queue (``step_with_batch_queue``):
+        under async scheduling, and under pipeline parallelism."""
+        return self.async_scheduling or self.pipeline_parallel_size > 1
+
     def to_json(self) -> dict[str, Any]:
         """Every field, except the optional features' fields when they are left out (so
         streams written before those features existed keep their bytes and hashes)."""
@@ -615,7 +621,7 @@ def _async_errors(c: Config) -> list[str]:
     async scheduling with pipeline parallelism; the harness does not script a KV
     connector's transfers (nor drafts) under a batch queue."""
     errors = []
-    if c.async_ready_steps and not c.async_scheduling and c.pipeline_parallel_size == 1:
+    if c.async_ready_steps and not c.batch_queue:
         errors.append("config.async_ready_steps: needs async_scheduling or "
                       "pipeline_parallel_size > 1")
     if c.pipeline_parallel_size > 1:

@@ -118,21 +118,22 @@ def test_campaign_figures_from_the_campaign_contract(capsys):
         return _campaign(40.0, 70.0, 400, [650.0, 640.0])
 
     results = bench.Results()
-    peaks, why = bench.campaign_figures(results, 400, "ci", run_campaign, 2, lambda: None)
+    peaks = bench.campaign_figures(results, 400, "ci", run_campaign, 2, lambda: None)
     assert calls == [(400, 0, "ci", ("vllm",), 1), (400, 0, "ci", ("vllm",), 2)]
     three, four = results.figures
     assert (three.key, three.value, three.holds) == ("3", "10%", True)  # 1 - 54/60
     assert (four.key, four.value, four.holds) == ("4", "1.50x", False)  # 600/min over 400/min
     assert four.target == "≥ 1.8x"
     assert results.throughput == {1: 400.0, 2: 600.0}
-    assert (peaks, why) == ([650.0, 640.0], "")
-    six = bench.memory_figure(peaks, why)
+    assert peaks == [650.0, 640.0]
+    six = bench.memory_figure(peaks)
     assert (six.value, six.holds) == ("650 MB", True)
     assert "650, 640 MB" in six.detail
 
 
 def test_memory_figure_without_workers_says_so():
-    assert bench.memory_figure([], "one core: no campaign workers").verdict == "not measured"
+    six = bench.memory_figure([])
+    assert six.verdict == "not measured" and "no worker reported" in six.detail
 
 
 @pytest.mark.needs_vllm

@@ -45,8 +45,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("campaign", "reach", "upgrade", "capture"),
     # the upgrade check from the base environment; the benchmark (it times campaigns)
     ("upgrade_check", "mutants.hunt", "code_coverage", "bench"),
-    # the main job
-    ("conformance_job",),
+    # the main job; the race of local fuzzers (it writes into the benchmark's report);
+    # HypoFuzz's command, mended
+    ("conformance_job", "fuzzer_race", "hypofuzz_run"),
     # the command line
     ("cli",),
     ("__main__",),

@@ -22,7 +22,7 @@ scheduler as vLLM's engine does" is checked rather than assumed:
   done at once only in the stream's ``async_ready_steps``, otherwise when
   EngineCore waits for it, so at most one batch is on the "worker" while the next
   is scheduled.  Which batch EngineCore applies in a step is compared with the
-  step loop's own rule (:func:`harness.runner._async_step`);
+  step loop's own rule (:func:`harness.runner._batch_queue_step`);
 * with ``pipeline_parallel_size`` > 1 the executor reports that many concurrent
   batches, and EngineCore runs vLLM's synchronous ``Scheduler`` under the same
   batch queue;
@@ -270,7 +270,7 @@ class VllmCoreEngine(VllmEngine):
         real_schedule, real_reset = sched.schedule, sched.reset_prefix_cache
         sched.schedule = lambda: self.observed_schedule(real_schedule)
         sched.reset_prefix_cache = lambda: self._keep_reset_answer(real_reset())
-        self.batch_queue = c.async_scheduling or c.pipeline_parallel_size > 1
+        self.batch_queue = c.batch_queue
         if (self.core.batch_queue is not None) != self.batch_queue:
             raise RuntimeError("EngineCore's batch queue does not follow the stream "
                                "(async_scheduling, pipeline_parallel_size)")

@@ -1213,7 +1213,7 @@ def pipeline_parallel(s) -> bool:
 
 
 def batch_queue(s) -> bool:
-    return async_scheduling(s) or pipeline_parallel(s)
+    return s.config.batch_queue
 
 
 @mutant("batch_applied_at_once", "with a batch queue a step does not wait for the "
