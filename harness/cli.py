@@ -112,21 +112,34 @@ def load_all(args: Sequence[str]) -> list[Stream]:
 def cmd_trace(ns) -> int:
     from harness.runner import trace_streams
     streams = load_all(ns.streams)
+    engine = get_engine(ns.engine)  # a plug-in that does not load leaves no folder behind
     out = None
     if ns.output:
         unique_names(streams)
         out = output_folder(ns.output)
-    return trace_streams(get_engine(ns.engine), streams, out)
+    return trace_streams(engine, streams, out)
+
+
+def engine_name(text: str) -> str:
+    """An argparse type: one of ENGINE_NAMES, or ``module:Class`` (loaded when used)."""
+    if text in ENGINE_NAMES or ":" in text:
+        return text
+    raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from "
+                                     f"{', '.join(ENGINE_NAMES)}, or module:Class)")
 
 
 def vllm_engines(text: str) -> list[str]:
-    """The ``--engines`` option: vLLM-side engine names, comma-separated (default vllm)."""
+    """The ``--engines`` option: engines to compare with the reference, comma-separated:
+    vLLM's (default vllm) or plug-ins (``module:Class``), each loaded now."""
     engines = [e.strip() for e in text.split(",") if e.strip()]
     vllm_side = [e for e in ENGINE_NAMES if e != "reference"]
     for e in engines:
-        if e not in vllm_side:
-            raise UsageError(f"--engines: {e!r} is not a vLLM engine ({', '.join(vllm_side)}); "
-                             "each is compared with the reference")
+        if e not in vllm_side and ":" not in e:
+            raise UsageError(f"--engines: {e!r} is not a vLLM engine ({', '.join(vllm_side)}) "
+                             "nor module:Class; each is compared with the reference")
+    for e in engines:
+        if ":" in e:
+            get_engine(e)
     return engines or ["vllm"]
 
 
@@ -161,7 +174,9 @@ def cmd_replay(ns) -> int:
     folder = Path(ns.traces) if ns.traces else golden_dir("0.11.0")
     if not folder.is_dir():
         raise UsageError(f"{folder}: no such folder")
-    return replay(folder, verbose=True)
+    if ns.engine != "reference":
+        get_engine(ns.engine)
+    return replay(folder, verbose=True, engine=ns.engine)
 
 
 def cmd_capture_check(ns) -> int:
@@ -310,7 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     t = sub.add_parser("trace", help="write one engine's trace per stream")
-    t.add_argument("--engine", required=True, choices=ENGINE_NAMES)
+    t.add_argument("--engine", required=True, type=engine_name,
+                   help="vllm, vllm-core, reference, or module:Class (an engine of your own)")
     t.add_argument("streams", nargs="+")
     t.add_argument("-o", "--output", help="folder: one <name>.json per stream (default: JSON Lines on stdout)")
     t.set_defaults(func=cmd_trace)
@@ -319,14 +335,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("streams", nargs="+")
     c.add_argument("--json", action="store_true", help="one JSON object per stream on stdout")
     c.add_argument("--engines", default="vllm",
-                   help="the vLLM engines to compare with the reference, comma-separated: "
-                        "vllm (the harness's step loop), vllm-core (vLLM's EngineCore); "
-                        "default vllm")
+                   help="the engines to compare with the reference, comma-separated: "
+                        "vllm (the harness's step loop), vllm-core (vLLM's EngineCore), or "
+                        "module:Class (an engine of your own); default vllm")
     c.set_defaults(func=cmd_check)
 
     tb = sub.add_parser("table", help="per-step table of one stream")
     tb.add_argument("stream")
-    tb.add_argument("--engine", default="vllm", choices=ENGINE_NAMES)
+    tb.add_argument("--engine", default="vllm", type=engine_name)
     tb.set_defaults(func=cmd_table)
 
     r = sub.add_parser("record", help="record vLLM golden traces with an _info block")
@@ -337,6 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("replay", help="replay the reference against recorded traces (no vLLM)")
     rp.add_argument("traces", nargs="?", default=None,
                     help="folder of recorded traces (default: the bundled vLLM 0.11.0 traces)")
+    rp.add_argument("--engine", default="reference", type=engine_name,
+                    help="the engine replaying them: reference (default), or module:Class "
+                         "(an engine of your own, against vLLM's recorded traces)")
     rp.set_defaults(func=cmd_replay)
 
     f = sub.add_parser("fuzz", help="hypothesis campaign: reference vs vLLM")

@@ -88,12 +88,22 @@ def verify(trace: Any, streams_dir: Path | None = STREAMS_DIR) -> None:
             raise StaleTrace(f"{source} changed since the trace was recorded: run make record")
 
 
-def replay_one(path: Path, streams_dir: Path | None = STREAMS_DIR):
-    """Run the reference on a recorded trace's stream; the first divergence or None."""
+class NotTaken(Exception):
+    """The engine replaying does not take this trace's stream (``Engine.refuses``)."""
+
+
+def replay_one(path: Path, streams_dir: Path | None = STREAMS_DIR, engine: str = "reference"):
+    """Run ``engine`` (the reference stating the trace's release, or another engine by
+    name) on a recorded trace's stream; the first divergence or None."""
     golden = read_trace(path)
     verify(golden, streams_dir)
     stream = parse_stream(golden["stream"])
-    mine = run(get_engine("reference", golden["vllm_version"]), stream).to_json()
+    runner = get_engine("reference", golden["vllm_version"]) if engine == "reference" \
+        else get_engine(engine)
+    why = runner.refuses(stream)
+    if why is not None:
+        raise NotTaken(why)
+    mine = run(runner, stream).to_json()
     return first_divergence(golden, mine), golden, mine
 
 
@@ -134,8 +144,9 @@ def read_trace(path: Path) -> Any:
         raise StreamError(f"{path}: not valid JSON: {getattr(exc, 'msg', 'not UTF-8 text')}") from None
 
 
-def replay(folder: Path, verbose: bool = False) -> int:
-    """Replay every recorded trace of ``folder``: 0 all match, 1 some do not.
+def replay(folder: Path, verbose: bool = False, engine: str = "reference") -> int:
+    """Replay every recorded trace of ``folder`` on ``engine``: 0 all it takes match, 1
+    some do not.
 
     Files that are not JSON are bad input (StreamError, one line each) and
     stop the replay before anything runs.
@@ -151,18 +162,24 @@ def replay(folder: Path, verbose: bool = False) -> int:
             errors += exc.errors
     if errors:
         raise StreamError(errors)
-    bad = 0
+    bad = not_taken = 0
     for path in paths:
         try:
-            d, golden, mine = replay_one(path)
+            d, golden, mine = replay_one(path, engine=engine)
         except StaleTrace as exc:
             print(f"{path.name}: STALE: {exc}")
             bad += 1
+            continue
+        except NotTaken as exc:
+            if verbose:
+                print(f"{path.name}: not taken: {exc}")
+            not_taken += 1
             continue
         if d is not None:
             print(f"{path.name}: {report(golden, mine, d)}")
             bad += 1
         elif verbose:
-            print(f"{path.name}: reference matches vLLM {golden['vllm_version']}")
-    print(f"{len(paths) - bad} match, {bad} do not")
+            print(f"{path.name}: {engine} matches vLLM {golden['vllm_version']}")
+    print(f"{len(paths) - bad - not_taken} match, {bad} do not"
+          + (f", {not_taken} not taken by {engine}" if not_taken else ""))
     return 0 if bad == 0 else 1

@@ -23,8 +23,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("sideenv",),
     # the input format; the reference's mutants (they patch only the reference)
     ("stream", "mutants.rules"),
-    # the engine interface, kept streams, vLLM's environment
-    ("engines.base", "counterexamples", "engines.vllm_env"),
+    # the engine interface, kept streams, vLLM's environment, engines plugged in by name
+    ("engines.base", "counterexamples", "engines.vllm_env", "engines.plugin"),
     # the scripted model, traces, the reference engine, vLLM's moved API, the scripted
     # KV connector inside vLLM
     ("model", "trace", "engines.reference_engine", "engines.vllm_compat",

@@ -14,7 +14,8 @@ Everything that imports ``vllm`` or ``torch`` lives in this package:
   (:func:`vllm_kv_sizes`: bytes per token and per page of a model, for the seed table);
 * :mod:`harness.engines.vllm_connector` -- the scripted KV connector vLLM loads by
   module path;
-* :mod:`harness.engines.vllm_mutants` -- patches of vLLM that stand in for an upgrade.
+* :mod:`harness.engines.vllm_mutants` -- patches of vLLM that stand in for an upgrade;
+* :mod:`harness.engines.plugin` -- engines from outside the harness (``module:Class``).
 
 An engine is built once per process (importing vLLM takes seconds) and reused
 for every stream: ``start(stream)`` resets it.
@@ -58,8 +59,15 @@ def get_engine(name: str, release: str | None = None):
             _BUILT[name] = _vllm_engine()
         elif name == "vllm-core":
             _BUILT[name] = _vllm_core_engine()
+        elif ":" in name:
+            from harness.engines.plugin import PluginError, load_plugin
+            try:
+                _BUILT[name] = load_plugin(name)
+            except PluginError as exc:
+                raise UnknownEngine(str(exc)) from None
         else:
-            raise UnknownEngine(f"--engine: unknown engine {name!r} ({' or '.join(ENGINE_NAMES)})")
+            raise UnknownEngine(f"--engine: unknown engine {name!r} ({', '.join(ENGINE_NAMES)}, "
+                                "or module:Class for an engine of your own)")
     return _BUILT[name]
 
 

@@ -1,0 +1,125 @@
+"""Engines from outside the harness, plugged in by name: ``--engine module:Class``.
+
+A plug-in is a class, importable from the current folder or the import path, whose
+instances implement the engine interface of :mod:`harness.engines.base`; it is
+built once per process with no arguments and reset by ``start(stream)`` for every
+stream, as the harness's own engines are.  ``schedule()`` returns a
+:class:`~harness.engines.base.Scheduled`, ``state(req_id)`` a
+:class:`~harness.engines.base.RequestState` (docs/engine-interface.md).
+
+Seven methods make an engine (:data:`CORE`).  Every other method belongs to a
+feature of the stream format; an engine without it does not take the streams
+that use that feature (:data:`FEATURES`): ``refuses`` names the method, the
+stream is reported as not taken rather than as a divergence, and a simulator
+that models only part of vLLM gets a report on that part.  Without
+``has_requests`` the engine counts as having work while a request is unfinished
+(vLLM also counts finished requests the worker has not been told of yet).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from typing import Callable
+
+from harness.stream import Stream
+
+#: The methods every plugged-in engine has.
+CORE = ("start", "add", "schedule", "update", "state", "num_unfinished", "num_free_blocks")
+
+#: Optional methods, each with the streams that need it.
+FEATURES: dict[str, tuple[str, Callable[[Stream], bool]]] = {
+    "abort": ("requests aborted (abort_step)",
+              lambda s: any(r.abort_step is not None for r in s.requests)),
+    "reset_prefix_cache": ("prefix cache resets (reset_prefix_cache_steps)",
+                           lambda s: bool(s.reset_prefix_cache_steps)),
+    "set_drafts": ("speculative decoding (num_speculative_tokens)",
+                   lambda s: s.config.num_speculative_tokens > 0),
+    "grammar_ready": ("structured output",
+                      lambda s: any(r.structured_output is not None for r in s.requests)),
+    "stats": ("scheduler stats (log_stats)", lambda s: s.config.log_stats),
+    "kv_events": ("KV cache events (kv_cache_events)", lambda s: s.config.kv_cache_events),
+    "connector_calls": ("a KV connector (kv_role)", lambda s: s.config.kv_role is not None),
+    "applies_oldest_now": ("a batch queue (async_scheduling, pipeline_parallel_size)",
+                           lambda s: s.config.batch_queue),
+    "kv_cache_header": ("a pool sized from memory (kv_cache_memory_bytes)",
+                        lambda s: s.config.kv_cache_memory_bytes is not None),
+}
+
+
+class PluginError(ValueError):
+    """An ``--engine`` that names no usable engine: one line, naming the rule broken."""
+
+
+def is_plugin(name: str) -> bool:
+    return ":" in name
+
+
+def load_plugin(spec: str) -> "Plugged":
+    """The engine ``module:Class`` names, built with no arguments."""
+    module_name, _, class_name = spec.partition(":")
+    if not module_name or not class_name.isidentifier():
+        raise PluginError(f"--engine {spec}: must be module:Class, e.g. "
+                          "examples.simplified_pool:SimplifiedPoolEngine")
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))  # as `python -m` would: the current folder first
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise PluginError(f"--engine {spec}: cannot import {module_name} ({exc})") from None
+    cls = getattr(module, class_name, None)
+    if not callable(cls):
+        raise PluginError(f"--engine {spec}: {module_name} has no class {class_name}")
+    try:
+        engine = cls()
+    except Exception as exc:
+        raise PluginError(f"--engine {spec}: {class_name}() raised "
+                          f"{type(exc).__name__}: {' '.join(str(exc).split())}") from None
+    missing = [m for m in CORE if not callable(getattr(engine, m, None))]
+    if missing:
+        raise PluginError(f"--engine {spec}: {class_name} lacks {', '.join(missing)} "
+                          f"(an engine has {', '.join(CORE)})")
+    return Plugged(engine, spec)
+
+
+class Plugged:
+    """A plugged-in engine, with the defaults and refusals of the module docstring."""
+
+    def __init__(self, engine, spec: str):
+        self.engine = engine
+        self.name = spec
+        self.lacks = tuple(m for m in FEATURES if not callable(getattr(engine, m, None)))
+
+    def __getattr__(self, attr):
+        return getattr(self.engine, attr)
+
+    def refuses(self, stream: Stream) -> str | None:
+        for method in self.lacks:
+            feature, needs = FEATURES[method]
+            if needs(stream):
+                return f"{self.name} has no {method}(): it does not take {feature}"
+        own = getattr(self.engine, "refuses", None)
+        return own(stream) if callable(own) else None
+
+    def version(self) -> str:
+        own = getattr(self.engine, "version", None)
+        return str(own()) if callable(own) else "unknown"
+
+    def has_requests(self) -> bool:
+        own = getattr(self.engine, "has_requests", None)
+        return own() if callable(own) else self.engine.num_unfinished() > 0
+
+    def kv_cache_header(self) -> dict | None:
+        own = getattr(self.engine, "kv_cache_header", None)
+        return own() if callable(own) else None
+
+    def end_step(self) -> None:
+        own = getattr(self.engine, "end_step", None)
+        if callable(own):
+            own()
+
+    def shutdown(self) -> None:
+        own = getattr(self.engine, "shutdown", None)
+        if callable(own):
+            own()
