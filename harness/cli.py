@@ -1,5 +1,5 @@
 """``python -m harness`` (or ``vllm-conformance``): trace, check, table, record, replay,
-fuzz, coverage, reach, mutants, conformance, bench, race.
+fuzz, coverage, reach, mutants, conformance, bench, race, serve.
 
 Exit codes:
 
@@ -121,11 +121,19 @@ def cmd_trace(ns) -> int:
 
 
 def engine_name(text: str) -> str:
-    """An argparse type: one of ENGINE_NAMES, or ``module:Class`` (loaded when used)."""
+    """An argparse type: one of ENGINE_NAMES, ``module:Class`` or ``cmd:<command>`` (an
+    engine of one's own, loaded when used)."""
     if text in ENGINE_NAMES or ":" in text:
         return text
     raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from "
-                                     f"{', '.join(ENGINE_NAMES)}, or module:Class)")
+                                     f"{', '.join(ENGINE_NAMES)}, module:Class or cmd:<command>)")
+
+
+def cmd_serve(ns) -> int:
+    from harness.engines.line_protocol import serve
+    if ns.engine.startswith("cmd:"):
+        raise UsageError("serve: the engine must run here: a name or module:Class, not cmd:")
+    return serve(get_engine(ns.engine))
 
 
 def vllm_engines(text: str) -> list[str]:
@@ -136,7 +144,8 @@ def vllm_engines(text: str) -> list[str]:
     for e in engines:
         if e not in vllm_side and ":" not in e:
             raise UsageError(f"--engines: {e!r} is not a vLLM engine ({', '.join(vllm_side)}) "
-                             "nor module:Class; each is compared with the reference")
+                             "nor module:Class nor cmd:<command>; each is compared with the "
+                             "reference")
     for e in engines:
         if ":" in e:
             get_engine(e)
@@ -357,6 +366,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the engine replaying them: reference (default), or module:Class "
                          "(an engine of your own, against vLLM's recorded traces)")
     rp.set_defaults(func=cmd_replay)
+
+    sv = sub.add_parser("serve", help="answer the engine line protocol on stdin/stdout with "
+                                      "an engine (docs/engine-interface.md)")
+    sv.add_argument("engine", type=engine_name,
+                    help="reference, vllm, vllm-core, or module:Class")
+    sv.set_defaults(func=cmd_serve)
 
     f = sub.add_parser("fuzz", help="hypothesis campaign: reference vs vLLM")
     f.add_argument("--examples", type=positive_int, default=None,

@@ -26,9 +26,9 @@ LAYERS: list[tuple[str, ...]] = [
     # the engine interface, kept streams, vLLM's environment, engines plugged in by name
     ("engines.base", "counterexamples", "engines.vllm_env", "engines.plugin"),
     # the scripted model, traces, the reference engine, vLLM's moved API, the scripted
-    # KV connector inside vLLM
+    # KV connector inside vLLM, an engine in another process
     ("model", "trace", "engines.reference_engine", "engines.vllm_compat",
-     "engines.vllm_connector"),
+     "engines.vllm_connector", "engines.line_protocol"),
     # the vLLM engine and its KV sizing; the step loop, the diff, the strategies
     ("engines.vllm_adapter", "engines.vllm_kv_sizing", "runner", "diff", "strategies"),
     # vLLM's own engine loop over the vLLM engine's parts; vLLM's scheduler in a bare loop

@@ -15,7 +15,9 @@ Everything that imports ``vllm`` or ``torch`` lives in this package:
 * :mod:`harness.engines.vllm_connector` -- the scripted KV connector vLLM loads by
   module path;
 * :mod:`harness.engines.vllm_mutants` -- patches of vLLM that stand in for an upgrade;
-* :mod:`harness.engines.plugin` -- engines from outside the harness (``module:Class``).
+* :mod:`harness.engines.plugin` -- engines from outside the harness (``module:Class``);
+* :mod:`harness.engines.line_protocol` -- an engine in another process, in any language,
+  over JSON lines (``cmd:<command>``), and the engine side in Python (``serve``).
 
 An engine is built once per process (importing vLLM takes seconds) and reused
 for every stream: ``start(stream)`` resets it.
@@ -59,6 +61,12 @@ def get_engine(name: str, release: str | None = None):
             _BUILT[name] = _vllm_engine()
         elif name == "vllm-core":
             _BUILT[name] = _vllm_core_engine()
+        elif name.startswith("cmd:"):
+            from harness.engines.line_protocol import EngineProcessError, load_process_engine
+            try:
+                _BUILT[name] = load_process_engine(name)
+            except EngineProcessError as exc:
+                raise UnknownEngine(f"--engine {name}: {exc}") from None
         elif ":" in name:
             from harness.engines.plugin import PluginError, load_plugin
             try:
@@ -67,7 +75,7 @@ def get_engine(name: str, release: str | None = None):
                 raise UnknownEngine(str(exc)) from None
         else:
             raise UnknownEngine(f"--engine: unknown engine {name!r} ({', '.join(ENGINE_NAMES)}, "
-                                "or module:Class for an engine of your own)")
+                                "or module:Class or cmd:<command> for an engine of your own)")
     return _BUILT[name]
 
 
