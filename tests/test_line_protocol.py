@@ -113,3 +113,17 @@ def test_serve_refuses_an_engine_in_another_process():
 def test_unknown_engine_names_both_ways_of_plugging_in():
     with pytest.raises(UnknownEngine, match=r"module:Class or cmd:<command>"):
         get_engine("sglang")
+
+
+def test_the_documented_session_is_what_the_reference_answers():
+    """docs/engine-interface.md's full session, replayed into `serve`: the same answers."""
+    text = (DOCS_DIR / "engine-interface.md").read_text()
+    block = text.split("<!-- session:begin -->")[1].split("<!-- session:end -->")[0]
+    lines = [json.loads(x) for x in block.splitlines() if x.startswith("{")]
+    calls, documented = lines[0::2], lines[1::2]
+    assert [c["call"] for c in calls[:3]] == ["hello", "start", "kv_cache_header"]
+    stream = json.loads((STREAMS_DIR / "seed_eos_4_1_1.json").read_text())
+    calls = [{**c, "stream": stream} if c["call"] == "start" else c for c in calls]
+    out = io.StringIO()
+    serve(get_engine("reference"), io.StringIO("".join(json.dumps(c) + "\n" for c in calls)), out)
+    assert [json.loads(x) for x in out.getvalue().splitlines()] == documented
