@@ -1,5 +1,5 @@
 """``python -m harness`` (or ``vllm-conformance``): trace, check, table, record, replay,
-fuzz, coverage, reach, mutants, conformance, bench, race, serve.
+fuzz, coverage, reach, mutants, conformance, bench, race, serve, profile.
 
 Exit codes:
 
@@ -19,6 +19,7 @@ function of the library module named in its handler.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -26,7 +27,7 @@ from typing import NoReturn, Sequence
 
 from harness import __version__
 from harness.engines import ENGINE_NAMES, EngineUnavailable, UnknownEngine, get_engine
-from harness.paths import DOCS_DIR, STREAMS_DIR, golden_dir
+from harness.paths import DOCS_DIR, STREAMS_DIR, counterexamples_dir, golden_dir, write_json
 from harness.stream import Stream, StreamError, load_stream
 
 EXIT_OK, EXIT_DIFF, EXIT_BAD_INPUT, EXIT_CANNOT_DRIVE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -127,6 +128,39 @@ def engine_name(text: str) -> str:
         return text
     raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from "
                                      f"{', '.join(ENGINE_NAMES)}, module:Class or cmd:<command>)")
+
+
+def cmd_profile(ns) -> int:
+    from harness.conformance_profile import profile
+    from harness.properties import PROPERTIES
+    from harness.trace import STEP_FIELDS
+    fields = None
+    if ns.fields:
+        fields = [f.strip() for f in ns.fields.split(",") if f.strip()]
+        unknown = [f for f in fields if f not in (*STEP_FIELDS, "kv_cache")]
+        if unknown or not fields:
+            raise UsageError(f"--fields: {', '.join(unknown) or 'none given'} not a step field "
+                             f"(kv_cache, {', '.join(STEP_FIELDS)})")
+    names = [p.name for p in PROPERTIES]
+    unknown = [f for f in ns.families or () if f not in names]
+    if unknown:
+        raise UsageError(f"--families: no family {', '.join(unknown)} ({', '.join(names)})")
+    if ns.against not in ENGINE_NAMES:
+        raise UsageError(f"--against: {ns.against!r} is not one of {', '.join(ENGINE_NAMES)}")
+    get_engine(ns.engine)  # one that does not load stops here, before anything is written
+    folder = output_folder(ns.output) if ns.output else counterexamples_dir() / "profile"
+
+    def progress(fam) -> None:
+        if not ns.json:
+            print(f"{fam.name}: {fam.conform}/{fam.streams - fam.not_taken} conform"
+                  + (f", {fam.not_taken} not taken" if fam.not_taken else ""),
+                  file=sys.stderr, flush=True)
+
+    result = profile(ns.engine, ns.streams, fields, ns.against, ns.families, folder,
+                     not ns.no_shrink, progress)
+    write_json(folder / "profile.json", result.to_json())
+    print(json.dumps(result.to_json()) if ns.json else result.text())
+    return EXIT_OK if result.conforms else EXIT_DIFF
 
 
 def cmd_serve(ns) -> int:
@@ -366,6 +400,25 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the engine replaying them: reference (default), or module:Class "
                          "(an engine of your own, against vLLM's recorded traces)")
     rp.set_defaults(func=cmd_replay)
+
+    pf = sub.add_parser("profile", help="an engine's conformance per family of rules, and the "
+                                        "rules of vLLM it breaks")
+    pf.add_argument("--engine", required=True, type=engine_name,
+                    help="module:Class, cmd:<command>, or any engine name")
+    pf.add_argument("--streams", type=positive_int, default=50, help="streams per family")
+    pf.add_argument("--fields", default=None, metavar="F1,F2",
+                    help="compare only these step fields (e.g. scheduled,preempted: token "
+                         "counts, block ids free); default every field")
+    pf.add_argument("--against", default="reference",
+                    help="what the engine is judged against: reference (default), vllm, vllm-core")
+    pf.add_argument("--families", nargs="+", default=None, metavar="FAMILY",
+                    help="only these families (the conformance properties' names)")
+    pf.add_argument("-o", "--output", default=None,
+                    help="folder for profile.json and each family's shrunk counterexample "
+                         "(default: counterexamples/profile)")
+    pf.add_argument("--no-shrink", action="store_true", help="no shrunk counterexamples")
+    pf.add_argument("--json", action="store_true", help="the profile as JSON on stdout")
+    pf.set_defaults(func=cmd_profile)
 
     sv = sub.add_parser("serve", help="answer the engine line protocol on stdin/stdout with "
                                       "an engine (docs/engine-interface.md)")

@@ -59,6 +59,17 @@ def first_divergence(a: dict[str, Any], b: dict[str, Any]) -> Divergence | None:
     return None
 
 
+def only_fields(trace: dict[str, Any], fields) -> dict[str, Any]:
+    """``trace`` compared on ``fields`` only: each step keeps those fields, and the pool
+    header (``kv_cache``) stays only when named.  The number of steps and the verdict
+    are always compared."""
+    kept = dict(trace)
+    kept["steps"] = [{k: v for k, v in step.items() if k in fields} for step in trace["steps"]]
+    if "kv_cache" not in fields:
+        kept.pop("kv_cache", None)
+    return kept
+
+
 def _failure_step(t: dict[str, Any]) -> int | None:
     return t["failure"]["step"] if t.get("failure") else None
 

@@ -41,8 +41,8 @@ LAYERS: list[tuple[str, ...]] = [
     # a campaign cut into chunks; where chunks run (this process, forked workers, Ray)
     ("chunks",),
     ("workers",),
-    # campaigns and the mutant hunt
-    ("campaign", "reach", "upgrade", "capture"),
+    # campaigns and the mutant hunt; an engine's conformance per family of rules
+    ("campaign", "reach", "upgrade", "capture", "conformance_profile"),
     # the upgrade check from the base environment; the benchmark (it times campaigns)
     ("upgrade_check", "mutants.hunt", "code_coverage", "bench"),
     # the main job; the race of local fuzzers (it writes into the benchmark's report);
