@@ -42,3 +42,44 @@ def test_unpatched_reference_is_not_a_mutant(vllm_engine):
     null = Mutant("null", "nothing broken", "vllm/v1/core/sched/scheduler.py",
                   contextlib.nullcontext)
     assert not hunt(null, max_examples=15).killed
+
+
+#: What a mutant's replacement raises when it no longer fits what it replaces (a
+#: signature or return shape the reference has since changed), rather than a rule that
+#: no longer holds.
+_STALE = ("TypeError", "AttributeError", "NameError")
+
+
+def test_no_mutant_kills_by_crashing_the_reference():
+    """A mutant killed because its patch no longer fits the reference proves nothing.
+
+    Found on 2026-12-02: no_null_block, outputs_in_id_order and tokens_after_stop_kept
+    had fallen behind changes to BlockPool.__init__, update_from_output and
+    _append_outputs; they raised TypeError on (nearly) every stream, so every
+    stream "killed" them.  On each bundled stream that the reference runs cleanly,
+    no mutant may make it raise one of these.
+    """
+    from harness.engines import get_engine
+    from harness.paths import STREAMS_DIR
+    from harness.runner import run
+    from harness.stream import load_stream
+    streams = [load_stream(p) for p in sorted(STREAMS_DIR.glob("*.json"))]
+    stale = []
+    for m in mutants.REFERENCE_MUTANTS:
+        if m.patch is None or m.checked_by != "streams":
+            continue
+        engine = get_engine("reference", release=m.release or "0.11.0")
+        for stream in streams:
+            if m.applies is not None and not m.applies(stream):
+                continue
+            if run(engine, stream).verdict == "engine_failure":
+                continue
+            with m.patch():
+                trace = run(engine, stream)
+            if trace.verdict == "engine_failure" and trace.failure["message"].startswith(_STALE):
+                if m.release and run(get_engine("reference", "0.11.0"), stream).failure == \
+                        trace.failure:
+                    continue  # a later release's fix taken out: 0.11.0's own crash is back
+                stale.append(f"{m.name} on {stream.name}: {trace.failure['message']}")
+                break
+    assert not stale, "\n".join(stale)

@@ -460,10 +460,10 @@ def _any_group_s_page(self, block_hash, group_ids):
 
 @mutant("no_null_block", "page 0 is the null page, never handed out", BLOCK_POOL,
         replaces=(rbp.BlockPool, "__init__"))
-def _page_zero_in_the_free_queue(self, num_blocks, enable_caching, emit=rbp.events.ignore):
-    _pool_init(self, num_blocks, enable_caching, emit)
-    self.free_queue.append_n([self.null_block])  # page 0 handed out like any other
-    self.null_block.is_null = False
+def _page_zero_in_the_free_queue(self, *args, **kwargs):
+    _pool_init(self, *args, **kwargs)
+    self.null_block.is_null = False  # page 0 handed out like any other, first
+    self.free_queue = rbp.FreeBlockQueue(self.blocks)
 
 
 @mutant("reset_prefix_cache_always", "reset_prefix_cache is refused while pages are in use",
@@ -532,9 +532,10 @@ _update_from_output = rsched.Scheduler.update_from_output
 
 @mutant("outputs_in_id_order", "outputs are taken in the step's scheduling order", SCHEDULER,
         replaces=(rsched.Scheduler, "update_from_output"))
-def _outputs_sorted_by_id(self, output, sampled):
+def _outputs_sorted_by_id(self, output, sampled, *args, **kwargs):
     by_id = dict(sorted(output.num_scheduled_tokens.items()))
-    _update_from_output(self, dataclasses.replace(output, num_scheduled_tokens=by_id), sampled)
+    return _update_from_output(self, dataclasses.replace(output, num_scheduled_tokens=by_id),
+                               sampled, *args, **kwargs)
 
 
 @mutant("model_len_cap_off_by_one", "tokens are capped at max_model_len - 1 - computed",
@@ -644,7 +645,7 @@ def _append_past_stop(self, request, tokens):
         request.append_output_token(token)
         stopped = rsched.check_stop(request, self.config.max_model_len,
                                     self.config.has("stop_tokens_before_length")) or stopped
-    return stopped
+    return tokens, stopped
 
 
 @mutant("eos_ignored", "EOS stops a request unless ignore_eos", SCHED_UTILS,
