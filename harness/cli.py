@@ -1,5 +1,6 @@
 """``python -m harness`` (or ``vllm-conformance``): trace, check, table, record, replay,
-fuzz, coverage, reach, mutants, conformance, bench, race, serve, profile.
+fuzz, coverage, reach, mutants, conformance, bench, race, serve, profile,
+export.
 
 Exit codes:
 
@@ -58,6 +59,16 @@ def _positive(convert, kind: str):
 
 
 positive_int = _positive(int, "an integer")
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
+    return value
 positive_float = _positive(float, "a number")
 
 
@@ -161,6 +172,19 @@ def cmd_profile(ns) -> int:
     write_json(folder / "profile.json", result.to_json())
     print(json.dumps(result.to_json()) if ns.json else result.text())
     return EXIT_OK if result.conforms else EXIT_DIFF
+
+
+def cmd_export(ns) -> int:
+    from harness.export import ExportError, export
+    from harness.sideenv import check_version
+    try:
+        check_version(ns.vllm)
+    except ValueError:
+        raise UsageError(f"--vllm: {ns.vllm!r} is not a release number like 0.12.0") from None
+    try:
+        return export(ns.vllm, Path(ns.output), ns.generated, ns.seed)
+    except ExportError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def cmd_serve(ns) -> int:
@@ -419,6 +443,16 @@ def build_parser() -> argparse.ArgumentParser:
     pf.add_argument("--no-shrink", action="store_true", help="no shrunk counterexamples")
     pf.add_argument("--json", action="store_true", help="the profile as JSON on stdout")
     pf.set_defaults(func=cmd_profile)
+
+    ex = sub.add_parser("export", help="a portable fixture set: streams and vLLM's traces of "
+                                       "them, with JSON Schemas and a README")
+    ex.add_argument("--vllm", required=True, metavar="VERSION",
+                    help="the vLLM release: the installed one, or one made by make upgrade-check")
+    ex.add_argument("-o", "--output", required=True, help="a new or empty folder")
+    ex.add_argument("--generated", type=non_negative_int, default=200,
+                    help="streams of the whole space to add to the bundled ones (default 200)")
+    ex.add_argument("--seed", type=int, default=0, help="their seed (default 0)")
+    ex.set_defaults(func=cmd_export)
 
     sv = sub.add_parser("serve", help="answer the engine line protocol on stdin/stdout with "
                                       "an engine (docs/engine-interface.md)")
