@@ -26,6 +26,13 @@ def vllm_missing_reason() -> str | None:
     return None
 
 
+def pytest_addoption(parser):
+    parser.addoption("--engine", default=None, metavar="ENGINE",
+                     help="the engine the conformance properties hold to the reference: vllm "
+                          "(default), vllm-core, module:Class or cmd:<command> (an engine of "
+                          "your own; streams it does not take pass as not taken)")
+
+
 def pytest_collection_modifyitems(config, items):
     reason = vllm_missing_reason()
     if reason is None:

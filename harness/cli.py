@@ -401,7 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="run vLLM and the reference, diff step by step")
     c.add_argument("streams", nargs="+")
     c.add_argument("--json", action="store_true", help="one JSON object per stream on stdout")
-    c.add_argument("--engines", default="vllm",
+    c.add_argument("--engines", "--engine", default="vllm",
                    help="the engines to compare with the reference, comma-separated: "
                         "vllm (the harness's step loop), vllm-core (vLLM's EngineCore), or "
                         "module:Class (an engine of your own); default vllm")

@@ -17,6 +17,7 @@ from harness import profiles
 from harness.conformance import assert_conforms
 from harness.paths import ROOT, STREAMS_DIR
 from harness.properties import PROPERTIES, given_property
+from harness.stream import parse_stream
 
 pytestmark = [pytest.mark.conformance, pytest.mark.needs_vllm]
 
@@ -26,15 +27,30 @@ NODE = Path(__file__).resolve().relative_to(ROOT).as_posix()
 AIM = profiles.aiming()
 
 
+#: The engine held to the reference: vLLM, or the one `pytest --engine E` names.
+UNDER_TEST: list = []
+
+
 @pytest.fixture(scope="module", autouse=True)
-def _engines(vllm_engine):
-    """Import vLLM once per process (the session fixture skips with a reason)."""
-    return vllm_engine
+def _engines(request, vllm_engine):
+    """Import vLLM once per process (the session fixture skips with a reason); with
+    ``--engine E``, E is held to the reference instead."""
+    from harness.engines import UnknownEngine, get_engine
+    name = request.config.getoption("--engine")
+    try:
+        UNDER_TEST[:] = [get_engine(name) if name else vllm_engine]
+    except UnknownEngine as exc:
+        pytest.exit(f"error: {exc}", returncode=2)
+    yield UNDER_TEST[0]
+    UNDER_TEST.clear()
 
 
 def _property_test(prop):
     def check(data):
-        assert_conforms(data, label=prop.test_name, aim=AIM)
+        engine = UNDER_TEST[0]
+        if engine.name != "vllm" and engine.refuses(parse_stream(data)) is not None:
+            return  # not taken by this engine
+        assert_conforms(data, label=prop.test_name, aim=AIM, vllm=engine)
 
     test = given_property(prop, check)
     test.__name__ = test.__qualname__ = prop.test_name
@@ -55,4 +71,8 @@ for _prop in PROPERTIES:
 def test_conformance_bundled_stream(path):
     """python -m harness check is exit 0 on every stream in fixtures/streams/."""
     import json
-    assert_conforms(json.loads(path.read_text()), label=f"bundled-{path.stem}")
+    data = json.loads(path.read_text())
+    engine = UNDER_TEST[0]
+    if engine.name != "vllm" and engine.refuses(parse_stream(data)) is not None:
+        pytest.skip(f"{engine.name} does not take this stream: {engine.refuses(parse_stream(data))}")
+    assert_conforms(data, label=f"bundled-{path.stem}", vllm=engine)
