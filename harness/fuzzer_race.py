@@ -114,8 +114,10 @@ def command(method: str) -> list[str]:
 
 def environment(method: str, mutant: str, race_file: Path, database: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "HARNESS_TARGET")}
+    # The lap's counterexample (written before the plugin ends the process) stays with it.
     env.update(HARNESS_MUTANT=mutant, HARNESS_RACE_FILE=str(race_file),
-               HYPOTHESIS_STORAGE_DIRECTORY=str(database))
+               HYPOTHESIS_STORAGE_DIRECTORY=str(database),
+               HARNESS_COUNTEREXAMPLES=str(race_file.parent / "counterexamples"))
     if method == "targeted":
         env["HARNESS_TARGET"] = "1"
     if method == "hypofuzz":

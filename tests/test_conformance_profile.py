@@ -23,6 +23,12 @@ EXAMPLE = "examples.simplified_pool:SimplifiedPoolEngine"
 REFERENCE = "harness.engines.reference_engine:ReferenceEngine"
 FAMILIES = ["whole_space", "preemption", "prefix_caching", "stops_and_aborts"]
 
+@pytest.fixture(autouse=True)
+def _counterexamples_elsewhere(tmp_path, monkeypatch):
+    """Divergences here are on purpose: what the commands keep goes to a temporary folder."""
+    monkeypatch.setenv("HARNESS_COUNTEREXAMPLES", str(tmp_path / "counterexamples"))
+
+
 
 def test_streams_are_drawn_the_same_every_time():
     assert draw(by_name("preemption"), 5) == draw(by_name("preemption"), 5)

@@ -20,6 +20,12 @@ from harness.paths import ROOT, STREAMS_DIR, TRACES_DIR
 
 pytestmark = pytest.mark.xdist_group("export")
 
+@pytest.fixture(autouse=True)
+def _counterexamples_elsewhere(tmp_path, monkeypatch):
+    """Divergences here are on purpose: what the commands keep goes to a temporary folder."""
+    monkeypatch.setenv("HARNESS_COUNTEREXAMPLES", str(tmp_path / "counterexamples"))
+
+
 
 def harness(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT,

@@ -96,6 +96,7 @@ def test_each_method_runs_the_whole_space_property_its_own_way(tmp_path, monkeyp
         assert "CI" not in env  # a random profile, not the derandomized ci one
         assert env["HARNESS_MUTANT"] == "m"
         assert env["HYPOTHESIS_STORAGE_DIRECTORY"] == str(tmp_path / "db")
+        assert env["HARNESS_COUNTEREXAMPLES"].startswith(str(tmp_path))  # not the repository
         assert ("HARNESS_TARGET" in env) == (how == "targeted")
         assert str(fuzzer_race.HYPOFUZZ_ENV) in env.get("PYTHONPATH", "") or how != "hypofuzz"
         assert "whole_space" in fuzzer_race.command(how)

@@ -22,6 +22,12 @@ from harness.paths import DOCS_DIR, ROOT, STREAMS_DIR
 PYTHON = sys.executable
 EXAMPLE = "examples.simplified_pool:SimplifiedPoolEngine"
 
+@pytest.fixture(autouse=True)
+def _counterexamples_elsewhere(tmp_path, monkeypatch):
+    """Divergences here are on purpose: what the commands keep goes to a temporary folder."""
+    monkeypatch.setenv("HARNESS_COUNTEREXAMPLES", str(tmp_path / "counterexamples"))
+
+
 
 def harness(*args: str, **env) -> subprocess.CompletedProcess:
     return subprocess.run([PYTHON, "-m", "harness", *args], cwd=ROOT, capture_output=True,

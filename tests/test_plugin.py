@@ -23,6 +23,12 @@ from harness.stream import load_stream
 EXAMPLE = "examples.simplified_pool:SimplifiedPoolEngine"
 REFERENCE = "harness.engines.reference_engine:ReferenceEngine"
 
+@pytest.fixture(autouse=True)
+def _counterexamples_elsewhere(tmp_path, monkeypatch):
+    """Divergences here are on purpose: what the commands keep goes to a temporary folder."""
+    monkeypatch.setenv("HARNESS_COUNTEREXAMPLES", str(tmp_path / "counterexamples"))
+
+
 
 def harness(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd,
