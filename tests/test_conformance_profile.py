@@ -100,3 +100,14 @@ def test_profile_bad_input_is_one_line_and_exit_2(args, says, tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and says in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.needs_vllm
+def test_the_profile_against_vllm_itself(vllm_engine):
+    p = profile(EXAMPLE, streams=4, families=["preemption"], against="vllm",
+                shrink_examples=False)
+    assert p.against == "vllm" and not p.conforms
+    assert "no_null_block" in p.rules and set(p.rules) <= {"free_forward_order", "no_null_block"}
+    clean = profile(REFERENCE, streams=4, families=["preemption"], against="vllm",
+                    shrink_examples=False)
+    assert clean.conforms
