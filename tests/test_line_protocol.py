@@ -64,6 +64,13 @@ def test_an_engine_process_that_does_not_answer_is_one_line_and_exit_2(command, 
     assert not out.exists()
 
 
+def test_a_bad_answer_timeout_is_one_line_and_exit_2():
+    proc = harness("trace", "--engine", "cmd:cat", str(STREAMS_DIR / "seed_eos_4_1_1.json"),
+                   HARNESS_ENGINE_TIMEOUT="soon")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "HARNESS_ENGINE_TIMEOUT: 'soon' is not a positive number" in proc.stderr
+
+
 def test_an_error_answer_mid_stream_fails_that_stream_not_the_run(tmp_path):
     """An engine that answers schedule with an error: the trace records the failure."""
     script = tmp_path / "half_engine.py"

@@ -36,8 +36,18 @@ from harness.stream import Stream, parse_stream
 
 PROTOCOL = 1
 
-#: Seconds the harness waits for one answer before it calls the engine hung.
-ANSWER_TIMEOUT_S = float(os.environ.get("HARNESS_ENGINE_TIMEOUT", "60"))
+def answer_timeout() -> float:
+    """Seconds the harness waits for one answer before it calls the engine hung
+    (``HARNESS_ENGINE_TIMEOUT``, default 60)."""
+    text = os.environ.get("HARNESS_ENGINE_TIMEOUT", "60")
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise EngineProcessError(f"HARNESS_ENGINE_TIMEOUT: {text!r} is not a positive number "
+                                 "of seconds")
+    return seconds
 
 #: Optional calls besides the features': an engine may answer them or leave the default.
 OPTIONAL = ("refuses", "version", "has_requests", "end_step", "shutdown")
@@ -82,6 +92,7 @@ class ProcessEngine:
 
     def __init__(self, command: str):
         self.command = command
+        self.timeout = answer_timeout()
         argv = shlex.split(command)
         if not argv:
             raise EngineProcessError("cmd: no command given")
@@ -108,10 +119,10 @@ class ProcessEngine:
             self.proc.stdin.flush()
         except BrokenPipeError:
             raise EngineProcessError(f"{call}: the engine process closed its input") from None
-        ready, _, _ = select.select([self.proc.stdout], [], [], ANSWER_TIMEOUT_S)
+        ready, _, _ = select.select([self.proc.stdout], [], [], self.timeout)
         if not ready:
             self.close()
-            raise EngineProcessError(f"{call}: no answer within {ANSWER_TIMEOUT_S:g} s "
+            raise EngineProcessError(f"{call}: no answer within {self.timeout:g} s "
                                      "(HARNESS_ENGINE_TIMEOUT)")
         line = self.proc.stdout.readline()
         if not line:

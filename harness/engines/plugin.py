@@ -52,10 +52,6 @@ class PluginError(ValueError):
     """An ``--engine`` that names no usable engine: one line, naming the rule broken."""
 
 
-def is_plugin(name: str) -> bool:
-    return ":" in name
-
-
 def load_plugin(spec: str) -> "Plugged":
     """The engine ``module:Class`` names, built with no arguments."""
     module_name, _, class_name = spec.partition(":")
