@@ -10,7 +10,7 @@ FUZZ_ENV   := .venvs/hypofuzz
 FUZZ_STAMP := $(FUZZ_ENV)/.installed
 FUZZ_ARGS  ?= tests/test_conformance.py
 
-.PHONY: install test conformance fuzz coverage mutants record bench fuzz-env dashboard bench-fuzzers upgrade-check gpu-check clean distclean
+.PHONY: install test test-fast conformance fuzz coverage mutants record bench fuzz-env dashboard bench-fuzzers upgrade-check gpu-check clean distclean
 
 install: $(STAMP)
 
@@ -25,6 +25,12 @@ TEST_WORKERS ?= auto
 
 test: $(STAMP) $(FUZZ_STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 8 --dist loadgroup
+
+# The developer's inner loop (about a minute on 2 cores): unit tests, the bundled streams on
+# both engines, the replay tier and 30 streams per property; no self-tests, nothing slow.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 8 --dist loadgroup \
+		-m "not selftest and not slow" --hypothesis-profile fast
 
 conformance: $(STAMP)
 	$(PY) -m harness conformance

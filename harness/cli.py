@@ -294,7 +294,8 @@ def cmd_reach(ns) -> int:
         raise UsageError(f"--only: unknown property {unknown[0]!r} ({', '.join(known)})")
     props = [p for p in PROPERTIES if not ns.only or p.name in ns.only]
     report = reach_of_profile(ns.profile, properties=props, examples=ns.examples,
-                              enough=ns.floor if ns.quick else None)
+                              enough=ns.floor if ns.quick else None,
+                              skip_undecided=not ns.every_run)
     if ns.json:
         print(json.dumps(report.to_json(), indent=1, sort_keys=True))
     else:
@@ -521,6 +522,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--quick", action="store_true",
                    help="stop counting a rule for a property at the floor: the floor check "
                         "is the same, the counts are capped, the run is much shorter")
+    r.add_argument("--every-run", action="store_true",
+                   help="run each mutant on every stream it applies to, also where the "
+                        "watched run did not decide its rule (the same counts, far slower: "
+                        "the check of the skipping)")
     r.add_argument("--json", action="store_true", help="the report as one JSON object")
     r.set_defaults(func=cmd_reach)
 

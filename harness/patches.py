@@ -59,7 +59,24 @@ class Mutant:
         return self.side.split()[1] if self.side.startswith("release ") else None
 
 
-def replace(obj, attr: str, new) -> Patch:
+class Replacement:
+    """The patch of a mutant that puts ``new`` in place of ``owner.attr``.
+
+    It names the mutant's *site*: a run that never goes through ``owner.attr`` runs
+    the same under the mutant, which the rule report (``harness.decided``) relies on
+    to skip it.  ``question``: the site and ``new`` only answer a question from what
+    they are given and change nothing, so the two answers can be compared call by
+    call on the original run.
+    """
+
+    def __init__(self, owner, attr: str, new, question: bool = False) -> None:
+        self.owner, self.attr, self.new, self.question = owner, attr, new, question
+
+    def __call__(self) -> contextlib.AbstractContextManager:
+        return mock.patch.object(self.owner, self.attr, self.new)
+
+
+def replace(obj, attr: str, new, question: bool = False) -> Replacement:
     """Patch ``obj.attr`` with ``new`` while the mutant is active."""
-    return lambda: mock.patch.object(obj, attr, new)
+    return Replacement(obj, attr, new, question)
 

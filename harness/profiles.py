@@ -2,6 +2,8 @@
 
 * ``ci``      -- derandomized, 250 streams per property (1,500 in all), no
                  example database: the same streams on every CI run.
+* ``fast``    -- ``make test-fast``: derandomized, 30 streams per property; the
+                 developer's inner loop, not a conformance verdict.
 * ``dev``     -- the default on a workstation: 50 streams per property, random.
 * ``nightly`` -- 5,000 streams per property, random, with the example database
                  so that a failure found once is replayed first next time.
@@ -31,6 +33,8 @@ _ONE_BUG = dict(report_multiple_bugs=False)
 PROFILES: dict[str, dict] = {
     "ci": dict(max_examples=250, derandomize=True, deadline=None, database=None,
                suppress_health_check=_SLOW_OK, print_blob=True, **_ONE_BUG),
+    "fast": dict(max_examples=30, derandomize=True, deadline=None, database=None,
+                 suppress_health_check=_SLOW_OK, print_blob=True, **_ONE_BUG),
     "dev": dict(max_examples=50, deadline=None, suppress_health_check=_SLOW_OK, print_blob=True,
                 **_ONE_BUG),
     "nightly": dict(max_examples=5000, deadline=None, derandomize=False,

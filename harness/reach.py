@@ -31,6 +31,7 @@ from typing import Any, Iterable
 from hypothesis import event, settings
 
 from harness import profiles
+from harness.decided import Watch
 from harness.engines import get_engine
 from harness.mutants import REFERENCE_MUTANTS
 from harness.patches import Mutant
@@ -80,23 +81,60 @@ def _outcome(trace) -> tuple:
     return trace.kv_cache, trace.steps, trace.verdict, trace.failure and trace.failure["step"]
 
 
-def rules_reached(stream: Stream, rules: Iterable[Rule]) -> list[str]:
-    """The rules (judged by streams) whose mutant changes ``stream``'s trace in the reference."""
-    originals: dict[str, tuple] = {}
-    reached = []
+def rules_reached(stream: Stream, rules: Iterable[Rule], skip_undecided: bool = True) -> list[str]:
+    """The rules (judged by streams) whose mutant changes ``stream``'s trace in the reference.
+
+    The reference runs once per release with the rules' sites watched
+    (:mod:`harness.decided`); a rule whose site that run never went through cannot
+    change the trace, and its mutant is not run (``skip_undecided=False`` runs it
+    anyway: the check that skipping changes no count).
+    """
+    live = [r for r in rules if r.mutant.checked_by == "streams"
+            # applies: it cannot change this stream (tests/test_reach.py checks the claim)
+            and (r.mutant.applies is None or r.mutant.applies(stream))]
+    by_release: dict[str, list[Rule]] = {}
+    for rule in live:
+        by_release.setdefault(rule.release, []).append(rule)
+    reached = set()
+    for release, group in by_release.items():
+        engine = get_engine("reference", release=release)
+        trace, decided = Watch(group).decided_during(lambda: run(engine, stream))
+        original = _outcome(trace)
+        for rule in group:
+            if skip_undecided and rule.name not in decided:
+                continue
+            with rule.mutant.patch():
+                if _outcome(run(engine, stream)) != original:
+                    reached.add(rule.name)
+    return [r.name for r in live if r.name in reached]
+
+
+def broken_skips(stream: Stream, rules: Iterable[Rule]) -> list[str]:
+    """The claims behind every skipped mutant run, checked on one stream: watching the
+    sites changes no trace, and a rule that does not apply to the stream or that the
+    watched run did not decide keeps the trace as it is under its mutant.  Each claim
+    that fails is named."""
+    broken = []
+    by_release: dict[str, list[Rule]] = {}
     for rule in rules:
-        if rule.mutant.checked_by != "streams":
-            continue
-        if rule.mutant.applies is not None and not rule.mutant.applies(stream):
-            continue  # it cannot change this stream (tests/test_reach.py checks the claim)
-        engine = get_engine("reference", release=rule.release)
-        if rule.release not in originals:
-            originals[rule.release] = _outcome(run(engine, stream))
-        with rule.mutant.patch():
-            mutated = _outcome(run(engine, stream))
-        if mutated != originals[rule.release]:
-            reached.append(rule.name)
-    return reached
+        if rule.mutant.checked_by == "streams":
+            by_release.setdefault(rule.release, []).append(rule)
+    for release, group in by_release.items():
+        engine = get_engine("reference", release=release)
+        original = _outcome(run(engine, stream))
+        trace, decided = Watch(group).decided_during(lambda: run(engine, stream))
+        if _outcome(trace) != original:
+            broken.append(f"watching the sites of {release}'s rules changed the trace")
+        for rule in group:
+            applies = rule.mutant.applies is None or rule.mutant.applies(stream)
+            if applies and rule.name in decided:
+                continue
+            with rule.mutant.patch():
+                if _outcome(run(engine, stream)) != original:
+                    broken.append(f"{rule.name}: " + ("undecided" if applies else
+                                                      "applies() is False") + ", yet its "
+                                  "mutant changes the trace")
+    return broken
 
 
 def kv_sizing_reach(rules: Iterable[Rule]) -> dict[str, int]:
@@ -184,7 +222,7 @@ class Reach:
 
 
 def reach_of_property(prop: Property, rules: list[Rule], examples: int | None = None,
-                      enough: int | None = None) -> Reach:
+                      enough: int | None = None, skip_undecided: bool = True) -> Reach:
     """The reach of one property's streams under the loaded profile (as its test sees them).
 
     With ``enough``, a rule that this property's streams have reached ``enough`` times is
@@ -197,7 +235,7 @@ def reach_of_property(prop: Property, rules: list[Rule], examples: int | None = 
     def body(data):
         live = rules if enough is None else [r for r in rules
                                              if result.counts[r.name] < enough]
-        reached = rules_reached(parse_stream(data), live)
+        reached = rules_reached(parse_stream(data), live, skip_undecided)
         for name in reached:
             event(f"reaches {name}")
         result.add(reached, prop.name)
@@ -210,19 +248,21 @@ def reach_of_property(prop: Property, rules: list[Rule], examples: int | None = 
 
 
 def _reach_in_worker(profile: str, prop_name: str, rule_names: list[str],
-                     examples: int | None, enough: int | None) -> Reach:
+                     examples: int | None, enough: int | None, skip_undecided: bool) -> Reach:
     profiles.load(profile)
     rules = [r for r in named_rules() if r.name in rule_names]
-    return reach_of_property(by_name(prop_name), rules, examples, enough)
+    return reach_of_property(by_name(prop_name), rules, examples, enough, skip_undecided)
 
 
 def reach_of_profile(profile: str = "ci", properties: Iterable[Property] | None = None,
                      rule_names: Iterable[str] | None = None, examples: int | None = None,
-                     workers: int | None = None, enough: int | None = None) -> Reach:
+                     workers: int | None = None, enough: int | None = None,
+                     skip_undecided: bool = True) -> Reach:
     """Every property's streams under ``profile``, one worker process per property
     (at most ``workers``, default the CPU count); counts add up the same in any order.
     ``enough``: stop counting a rule for a property once it has that many streams
-    (see :func:`reach_of_property`)."""
+    (see :func:`reach_of_property`).  ``skip_undecided=False``: every mutant runs on every
+    stream it applies to (the check that skipping the undecided ones changes no count)."""
     props = list(PROPERTIES if properties is None else properties)
     wanted = set(rule_names) if rule_names is not None else None
     rules = [r for r in named_rules() if wanted is None or r.name in wanted]
@@ -233,13 +273,14 @@ def reach_of_profile(profile: str = "ci", properties: Iterable[Property] | None 
     workers = workers or os.cpu_count() or 1
     if workers == 1 or len(props) == 1:
         for p in props:
-            total.merge(_reach_in_worker(profile, p.name, names, examples, enough))
+            total.merge(_reach_in_worker(profile, p.name, names, examples, enough,
+                                         skip_undecided))
         return total
     context = multiprocessing.get_context("spawn")  # no fork after torch may be loaded
     workers = min(workers, len(props))
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-        futures = [pool.submit(_reach_in_worker, profile, p.name, names, examples, enough)
-                   for p in props]
+        futures = [pool.submit(_reach_in_worker, profile, p.name, names, examples, enough,
+                               skip_undecided) for p in props]
         for f in futures:
             total.merge(f.result())
     return total

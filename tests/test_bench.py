@@ -29,6 +29,7 @@ def run_cli(args: list[str], cwd: Path, **env) -> subprocess.CompletedProcess:
                           env={**os.environ, **env})
 
 
+@pytest.mark.slow
 @pytest.mark.needs_vllm
 def test_quick_run_writes_the_report_with_every_figure(tmp_path):
     out = tmp_path / "out"

@@ -16,7 +16,7 @@ import pytest
 from harness.paths import ROOT
 from harness.stream import load_stream
 
-pytestmark = pytest.mark.needs_vllm
+pytestmark = [pytest.mark.needs_vllm, pytest.mark.slow]
 
 
 def start_fuzz(tmp_path: Path, *args: str, env: dict[str, str] | None = None):

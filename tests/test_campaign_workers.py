@@ -101,6 +101,7 @@ def same_campaign(a: dict) -> dict:
     return {k: v for k, v in a.items() if k not in ("seconds", "workers")}
 
 
+@pytest.mark.slow  # campaigns on several workers, under pytest, on Ray
 @pytest.mark.needs_vllm
 def test_two_workers_check_the_same_streams_as_one(tmp_path):
     one, _ = fuzz(tmp_path, "--examples", "100", "--seed", "21", "--workers", "1")
@@ -110,6 +111,7 @@ def test_two_workers_check_the_same_streams_as_one(tmp_path):
     assert (one["workers"], two["workers"]) == ("1", "2")
 
 
+@pytest.mark.slow  # campaigns on several workers, under pytest, on Ray
 @pytest.mark.needs_vllm
 def test_two_workers_keep_the_same_counterexample_as_one_under_a_mutant(tmp_path):
     mutant = {"HARNESS_MUTANT": "free_forward_order"}
@@ -125,6 +127,7 @@ def test_two_workers_keep_the_same_counterexample_as_one_under_a_mutant(tmp_path
     assert str(tmp_path / "counterexamples" / "fuzz.json") in two["divergence"]
 
 
+@pytest.mark.slow  # campaigns on several workers, under pytest, on Ray
 @pytest.mark.needs_vllm
 def test_ray_checks_the_same_streams_as_one_worker(tmp_path):
     pytest.importorskip("ray", reason="Ray comes with vLLM; without it --ray is not available")
@@ -134,6 +137,7 @@ def test_ray_checks_the_same_streams_as_one_worker(tmp_path):
     assert same_campaign(one) == same_campaign(on_ray)
 
 
+@pytest.mark.slow  # campaigns on several workers, under pytest, on Ray
 @pytest.mark.needs_vllm
 def test_pytest_on_two_workers_keeps_the_same_counterexamples_as_one(tmp_path):
     """``pytest -n 2 -k conformance`` under a mutant leaves the counterexamples of ``-n 0``:

@@ -32,6 +32,7 @@ def test_reference_traces_are_byte_identical_across_processes(tmp_path):
     assert trace_bytes("reference", "0", tmp_path) == trace_bytes("reference", "12345", tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.needs_vllm
 def test_vllm_traces_are_byte_identical_across_processes(tmp_path):
     first = trace_bytes("vllm", "1", tmp_path)

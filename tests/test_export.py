@@ -18,7 +18,7 @@ from referencing import Registry, Resource
 
 from harness.paths import ROOT, STREAMS_DIR, TRACES_DIR
 
-pytestmark = pytest.mark.xdist_group("export")
+pytestmark = [pytest.mark.xdist_group("export"), pytest.mark.slow]
 
 @pytest.fixture(autouse=True)
 def _counterexamples_elsewhere(tmp_path, monkeypatch):

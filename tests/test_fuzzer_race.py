@@ -21,6 +21,8 @@ from harness.paths import ROOT, STREAMS_DIR
 from harness.runner import run
 from harness.stream import parse_stream
 
+pytestmark = pytest.mark.selftest
+
 HAS_HYPOFUZZ = (fuzzer_race.HYPOFUZZ_ENV / "hypofuzz").is_dir()
 
 

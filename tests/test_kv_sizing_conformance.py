@@ -61,6 +61,7 @@ def _ref_shape(layers, heads, head_size, model_dtype, cache_dtype) -> ModelShape
 
 # --- the fixture model and the seed numbers ----------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_dir", kv_sizing_check.model_dirs(), ids=lambda p: p.name)
 def test_bundled_model_sizing_matches_vllm(vllm_engine, model_dir):
     """Shape, bytes per token, pages, one request's need and blocks per budget of each bundled

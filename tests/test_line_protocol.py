@@ -55,6 +55,7 @@ def test_an_engine_gives_the_same_report_through_the_pipe_as_in_process():
     ("/nonexistent/engine --serve", "cannot start /nonexistent/engine"),
     ("sleep 30", "hello: no answer within 1 s (HARNESS_ENGINE_TIMEOUT)"),
 ])
+@pytest.mark.slow
 def test_an_engine_process_that_does_not_answer_is_one_line_and_exit_2(command, says, tmp_path):
     out = tmp_path / "out"
     proc = harness("trace", "--engine", f"cmd:{command}", str(STREAMS_DIR / "seed_eos_4_1_1.json"),

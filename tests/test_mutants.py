@@ -11,7 +11,7 @@ from harness import mutants
 from harness.mutants.hunt import hunt
 from harness.patches import Mutant
 
-pytestmark = [pytest.mark.conformance, pytest.mark.needs_vllm]
+pytestmark = [pytest.mark.selftest, pytest.mark.needs_vllm]
 
 FAST_SUBSET = ["free_forward_order", "evict_from_tail", "no_null_block", "hash_kept_on_reuse",
                "tokens_after_stop_kept", "vllm_stop_tokens_ignored", "vllm_free_forward_order"]
@@ -31,7 +31,7 @@ def test_catalogue_names_are_unique_and_documented():
 
 
 @pytest.mark.parametrize("name", FAST_SUBSET)
-def test_conformance_mutant_is_killed(name, vllm_engine):
+def test_mutant_is_killed(name, vllm_engine):
     result = hunt(mutants.find(name), max_examples=100, shrink=False)
     assert result.killed, f"mutant {name} survived {result.examples} streams"
 

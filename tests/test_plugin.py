@@ -166,6 +166,7 @@ def test_core_methods_are_the_ones_the_step_loop_always_calls():
                     "num_free_blocks")
 
 
+@pytest.mark.slow
 @pytest.mark.needs_vllm
 @pytest.mark.parametrize("engine, code", [(EXAMPLE, 1), (REFERENCE, 0)])
 def test_pytest_engine_option_holds_a_plugin_to_the_reference(engine, code, tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from harness.mutants import REFERENCE_MUTANTS
@@ -49,7 +51,27 @@ def test_every_rule_change_has_a_mutant():
     assert {m.name for m in RELEASE_MUTANTS} == {f"{c.name}_dropped" for c in releases.CHANGES}
 
 
+@pytest.mark.selftest
 @pytest.mark.parametrize("mutant", RELEASE_MUTANTS, ids=lambda m: m.name)
 def test_release_rule_mutant_is_killed_by_the_recorded_traces(mutant):
     result = hunt(mutant)
     assert result.killed, f"{mutant.name}: no recorded trace of {mutant.side} shows the change"
+
+
+@pytest.mark.selftest
+def test_each_later_release_has_a_stream_that_shows_each_of_its_rule_changes():
+    """A rule change no recorded trace shows would go untested in CI: for every release,
+    each of its changes must make the 0.11.0 reference differ on some recorded trace."""
+    from harness.diff import first_divergence
+    from harness.paths import golden_dir
+    from harness.engines.reference_engine import ReferenceEngine
+    from harness.runner import run
+    from harness.stream import parse_stream
+    recorded = [r for r in releases.RELEASES if golden_dir(r).is_dir()]
+    for release in recorded[1:]:
+        traces = [json.loads(p.read_text()) for p in sorted(golden_dir(release).glob("*.json"))]
+        for change in releases.changes_in(release):
+            shown = any(first_divergence(
+                t, run(ReferenceEngine("0.11.0", releases.rules_of(release) - {change.name}),
+                       parse_stream(t["stream"])).to_json()) is not None for t in traces)
+            assert shown, f"{release}: no recorded trace shows {change.name}"

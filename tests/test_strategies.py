@@ -29,6 +29,8 @@ from harness.engines import get_engine
 from harness.properties import PROPERTIES
 from harness.runner import run
 from harness.stream import OPTIONAL_CONFIG_FIELDS, Config, Stream, parse_stream
+
+pytestmark = pytest.mark.selftest
 from harness.trace import Trace
 
 # Every property's strategy (harness.properties), plus the general one.

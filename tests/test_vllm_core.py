@@ -35,7 +35,7 @@ def core_engine(vllm_engine):
 
 
 @pytest.mark.parametrize("path", STREAM_FILES, ids=[p.stem for p in STREAM_FILES])
-def test_conformance_vllm_core_gives_the_recorded_trace(core_engine, path):
+def test_vllm_core_gives_the_recorded_trace(core_engine, path):
     """Each bundled stream vllm-core takes: EngineCore's trace is the one recorded from the
     real vLLM (its steps, verdict and failure)."""
     stream = load_stream(path)
@@ -51,7 +51,7 @@ def test_conformance_vllm_core_gives_the_recorded_trace(core_engine, path):
 @settings(max_examples=settings().max_examples // 4, deadline=None,
           suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
 @given(st.any_stream())
-def test_conformance_vllm_core_equals_the_step_loop(core_engine, vllm_engine, data):
+def test_vllm_core_equals_the_step_loop(core_engine, vllm_engine, data):
     """Generated streams (those vllm-core takes; a quarter of the profile's examples, as
     each runs vLLM twice): EngineCore's loop and the harness's give the same trace."""
     stream = parse_stream(data)
@@ -64,7 +64,7 @@ def test_conformance_vllm_core_equals_the_step_loop(core_engine, vllm_engine, da
 @settings(max_examples=settings().max_examples // 4, deadline=None,
           suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
 @given(st.pipeline_streams())
-def test_conformance_vllm_core_pipeline_equals_the_step_loop(core_engine, vllm_engine, data):
+def test_vllm_core_pipeline_equals_the_step_loop(core_engine, vllm_engine, data):
     """Pipeline parallelism: EngineCore's batch queue of one batch per stage over vLLM's
     synchronous Scheduler applies each batch in the step the step loop's imitation does."""
     stream = parse_stream(data)
@@ -77,7 +77,7 @@ def test_conformance_vllm_core_pipeline_equals_the_step_loop(core_engine, vllm_e
 @settings(max_examples=settings().max_examples // 4, deadline=None,
           suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
 @given(st.async_streams())
-def test_conformance_vllm_core_async_equals_the_step_loop(core_engine, vllm_engine, data):
+def test_vllm_core_async_equals_the_step_loop(core_engine, vllm_engine, data):
     """Async scheduling: EngineCore's ``step_with_batch_queue`` over vLLM's AsyncScheduler
     applies each batch in the step the step loop's imitation does, and both give the
     same trace."""

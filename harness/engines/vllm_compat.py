@@ -28,6 +28,7 @@ difference was first seen; ``DETECTED`` lists the ones this vLLM needed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from typing import Any
 
@@ -57,6 +58,7 @@ def _initvars(cls) -> set[str]:
             if f._field_type is dataclasses._FIELD_INITVAR}
 
 
+@functools.lru_cache(maxsize=None)
 def _params(fn) -> dict[str, inspect.Parameter]:
     return dict(inspect.signature(fn).parameters)
 
@@ -176,17 +178,21 @@ def set_aside_queue_hook(record):
 
     from vllm.v1.core.sched import scheduler as sched_module
     real = sched_module.create_request_queue
+    recording: dict[type, type] = {}  # a queue class and its recording subclass, made once
 
-    def recording_queue(policy):
-        queue = real(policy)
-        base = type(queue)
-
+    def recording_class(base: type) -> type:
         class Recording(base):
             def prepend_request(self, request):
                 record(request)
                 return super().prepend_request(request)
+        return Recording
 
-        queue.__class__ = Recording
+    def recording_queue(policy):
+        queue = real(policy)
+        base = type(queue)
+        if base not in recording:
+            recording[base] = recording_class(base)
+        queue.__class__ = recording[base]
         return queue
 
     @contextlib.contextmanager

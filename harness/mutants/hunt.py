@@ -31,10 +31,12 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, given, settings
 
 from harness.conformance import Divergent, assert_conforms
+from harness.decided import Watch
 from harness.engines import get_engine
 from harness.mutants import catalogue
 from harness.patches import Mutant
 from harness.properties import PROPERTIES
+from harness.reach import BASE_RELEASE, Rule
 from harness.runner import run
 from harness.stream import parse_stream
 from harness.text import markdown_table
@@ -157,10 +159,14 @@ def _kills_in_set(set_name: str, profile: str, names: list[str]) -> dict[str, An
         given_property(by_name(set_name), collect)()
     kills: dict[str, list[int]] = {m.name: [] for m in chosen}
     diverged: list[int] = []
+    # The reference runs with its mutants' sites watched: a mutant whose rule the run
+    # did not decide gives the reference's own trace, which is vLLM's (harness.decided).
+    watch = Watch([Rule(m, BASE_RELEASE) for m in chosen if m.side == "reference"])
     for i, data in enumerate(streams, 1):
         stream = parse_stream(data)
         theirs = run(vllm, stream).to_json()
-        mine = run(ref, stream).to_json()
+        trace, decided = watch.decided_during(lambda: run(ref, stream))
+        mine = trace.to_json()
         if first_divergence(theirs, mine) is not None:
             diverged.append(i)
             continue
@@ -173,7 +179,7 @@ def _kills_in_set(set_name: str, profile: str, names: list[str]) -> dict[str, An
                 if first_divergence(patched, mine) is not None:
                     kills[m.name].append(i)
                 continue
-            if m.applies is not None and not m.applies(stream):
+            if (m.applies is not None and not m.applies(stream)) or m.name not in decided:
                 continue
             with m.patch():
                 mutated = run(ref, stream).to_json()
