@@ -361,7 +361,7 @@ def cmd_race(ns) -> int:
     if unknown:
         raise UsageError(f"--mutants: no mutant called {', '.join(unknown)} "
                          "(python -m harness mutants lists them)")
-    if "hypofuzz" in ns.methods and not (fuzzer_race.HYPOFUZZ_ENV / "hypofuzz").is_dir():
+    if "hypofuzz" in ns.methods and not fuzzer_race.hypofuzz_installed():
         raise UsageError("--methods hypofuzz: HypoFuzz is not installed; run make fuzz-env")
     report = None
     if ns.report is not None:

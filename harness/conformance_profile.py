@@ -157,10 +157,10 @@ class Judge:
         self.fields = tuple(fields) if fields else None
 
     def view(self, trace) -> dict[str, Any]:
-        data = trace.to_json() if hasattr(trace, "to_json") else trace
+        data = trace.to_json()
         return only_fields(data, self.fields) if self.fields else data
 
-    def takes(self, stream: Stream) -> str | None:
+    def refuses(self, stream: Stream) -> str | None:
         return self.engine.refuses(stream) or self.against.refuses(stream)
 
     def compare(self, stream: Stream):
@@ -214,7 +214,7 @@ def profile(engine: str, streams: int = 50, fields: Sequence[str] | None = None,
         for index, data in enumerate(draw(prop, streams)):
             stream = parse_stream(data)
             fam.streams += 1
-            why = judge.takes(stream)
+            why = judge.refuses(stream)
             if why is not None:
                 fam.not_taken += 1
                 fam.why_not_taken = fam.why_not_taken or why
@@ -248,7 +248,7 @@ def profile(engine: str, streams: int = 50, fields: Sequence[str] | None = None,
         if fam.diverge and shrink_examples and folder is not None:
             def diverges(data, judge=judge):
                 s = parse_stream(data)
-                return judge.takes(s) is None and judge.compare(s)[0] is not None
+                return judge.refuses(s) is None and judge.compare(s)[0] is not None
             small = shrink(prop, streams, diverges)
             if small is not None:
                 path = folder / f"{prop.name}.json"

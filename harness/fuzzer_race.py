@@ -49,6 +49,11 @@ METHODS = ("hypothesis", "targeted", "hypofuzz")
 #: Where ``make fuzz-env`` puts HypoFuzz and the hypothesis release it works with.
 HYPOFUZZ_ENV = ROOT / ".venvs" / "hypofuzz"
 
+
+def hypofuzz_installed() -> bool:
+    """Whether ``make fuzz-env`` has put HypoFuzz in its side environment."""
+    return (HYPOFUZZ_ENV / "hypofuzz").is_dir()
+
 _PROPERTY = "whole_space"
 _PROGRESS_EVERY = 25
 _STARTUP_S = 180  # importing vLLM and collecting, several at once on a busy machine

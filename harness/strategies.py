@@ -1325,18 +1325,10 @@ def async_streams(draw, **knobs: Any) -> dict[str, Any]:
     if not config.get("kv_cache_groups") and draw(st.booleans()):
         config["kv_cache_events"] = True
     requests = data["requests"]
-    horizon = min(80, max((r.get("arrival_step", 0) for r in requests), default=0)
-                  + sum(len(r["prompt"]) for r in requests) // config["max_num_batched_tokens"]
-                  + sum(len(r["output"]) for r in requests) + 4)
-    share = draw(st.sampled_from([0.0, 0.2, 0.5, 0.8, 1.0]))
-    rng = draw(st.randoms(use_true_random=False))
-    ready = [step for step in range(horizon) if rng.random() < share]
-    if ready:
-        config["async_ready_steps"] = ready
+    horizon = _likely_steps(requests, config)
+    _draw_ready_steps(draw, config, horizon, [0.0, 0.2, 0.5, 0.8, 1.0])
     data["config"] = config
-    for req in requests:
-        req.pop("drafts", None)
-        req.pop("kv_transfer", None)
+    _without_drafts_and_transfers(requests)
     if draw(st.booleans()):
         _align_model_len(data)
     _add_follow_up(draw, data, horizon)
@@ -1361,20 +1353,35 @@ def pipeline_streams(draw, **knobs: Any) -> dict[str, Any]:
         config["num_gpu_blocks"] = kv_cache_layout(parse_stream(data).config).num_blocks
         del config["kv_cache_memory_bytes"]
     requests = data["requests"]
-    for req in requests:
-        req.pop("drafts", None)
-        req.pop("kv_transfer", None)
-    horizon = min(80, max((r.get("arrival_step", 0) for r in requests), default=0)
-                  + sum(len(r["prompt"]) for r in requests) // config["max_num_batched_tokens"]
-                  + sum(len(r["output"]) for r in requests) + 4)
-    share = draw(st.sampled_from([0.0, 0.2, 0.5, 1.0]))
+    _without_drafts_and_transfers(requests)
+    horizon = _likely_steps(requests, config)
+    _draw_ready_steps(draw, config, horizon, [0.0, 0.2, 0.5, 1.0])
+    data["config"] = config
+    _add_follow_up(draw, data, horizon)
+    return data
+
+
+def _likely_steps(requests: list[dict], config: dict) -> int:
+    """About how many steps a batch-queue stream takes (at most 80)."""
+    return min(80, max((r.get("arrival_step", 0) for r in requests), default=0)
+               + sum(len(r["prompt"]) for r in requests) // config["max_num_batched_tokens"]
+               + sum(len(r["output"]) for r in requests) + 4)
+
+
+def _draw_ready_steps(draw, config: dict, horizon: int, shares: list[float]) -> None:
+    """The steps whose batch the worker is done with at once: a drawn share of them."""
+    share = draw(st.sampled_from(shares))
     rng = draw(st.randoms(use_true_random=False))
     ready = [step for step in range(horizon) if rng.random() < share]
     if ready:
         config["async_ready_steps"] = ready
-    data["config"] = config
-    _add_follow_up(draw, data, horizon)
-    return data
+
+
+def _without_drafts_and_transfers(requests: list[dict]) -> None:
+    """A batch queue takes no drafts (vLLM refuses them) and no scripted KV transfers."""
+    for req in requests:
+        req.pop("drafts", None)
+        req.pop("kv_transfer", None)
 
 
 def _align_model_len(data: dict[str, Any]) -> None:

@@ -128,13 +128,22 @@ def step_record(step: int, s: Scheduled, emitted: dict[str, list[int]],
         "slots": {rid: [list(r) for r in ranges] for rid, ranges in s.slots.items()},
         "prefix_cache_reset": prefix_cache_reset,
     }
-    extra = {"set_aside": list(s.set_aside), "grammar_index": dict(s.grammar_index),
-             "bitmask_rows": [list(r) for r in s.bitmask_rows],
-             "encoder_inputs": {rid: list(ids) for rid, ids in s.encoder_inputs.items()},
-             "encoder_frees": list(s.encoder_frees), "stats": stats,
-             "kv_events": kv_events, "kv_connector": kv_connector, "updated": updated,
-             "output_placeholders": {rid: st.num_output_placeholders
-                                     for rid, st in states.items()}}
-    record.update((k, v) for k, v in extra.items() if k in optional)
+    if optional:
+        record.update(_optional_fields(s, states, optional, stats, kv_events, kv_connector,
+                                       updated))
     return record
+
+
+def _optional_fields(s: Scheduled, states: dict[str, RequestState], optional: frozenset[str],
+                     stats, kv_events, kv_connector, updated) -> dict[str, Any]:
+    extra = {"set_aside": lambda: list(s.set_aside),
+             "grammar_index": lambda: dict(s.grammar_index),
+             "bitmask_rows": lambda: [list(r) for r in s.bitmask_rows],
+             "encoder_inputs": lambda: {rid: list(ids) for rid, ids in s.encoder_inputs.items()},
+             "encoder_frees": lambda: list(s.encoder_frees), "stats": lambda: stats,
+             "kv_events": lambda: kv_events, "kv_connector": lambda: kv_connector,
+             "updated": lambda: updated,
+             "output_placeholders": lambda: {rid: st.num_output_placeholders
+                                             for rid, st in states.items()}}
+    return {k: make() for k, make in extra.items() if k in optional}
 

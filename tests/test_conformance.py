@@ -73,6 +73,7 @@ def test_conformance_bundled_stream(path):
     import json
     data = json.loads(path.read_text())
     engine = UNDER_TEST[0]
-    if engine.name != "vllm" and engine.refuses(parse_stream(data)) is not None:
-        pytest.skip(f"{engine.name} does not take this stream: {engine.refuses(parse_stream(data))}")
+    why = None if engine.name == "vllm" else engine.refuses(parse_stream(data))
+    if why is not None:
+        pytest.skip(f"{engine.name} does not take this stream: {why}")
     assert_conforms(data, label=f"bundled-{path.stem}", vllm=engine)

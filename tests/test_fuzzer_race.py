@@ -23,7 +23,7 @@ from harness.stream import parse_stream
 
 pytestmark = pytest.mark.selftest
 
-HAS_HYPOFUZZ = (fuzzer_race.HYPOFUZZ_ENV / "hypofuzz").is_dir()
+HAS_HYPOFUZZ = fuzzer_race.hypofuzz_installed()
 
 
 def reference_trace(name: str) -> dict:

@@ -220,11 +220,11 @@ def to_scheduled(handed: Iterable[Handed], num_scheduled_tokens: Iterable[tuple[
     ``encoder_frees`` its multimodal part.  ``placeholders_before``: every request's
     output placeholders before the step (async scheduling; only positive ones are kept).
     """
-    computed_before = dict(computed_before)
+    handed_counts: dict[str, int] = {}  # a handed request's own count replaces the step's
     new_block_ids: dict[str, list[list[int]]] = {}
     admitted: list[str] = []
     for h in handed:
-        computed_before[h.req_id] = h.num_computed_tokens
+        handed_counts[h.req_id] = h.num_computed_tokens
         if h.block_ids is not None:
             new_block_ids[h.req_id] = [list(g) for g in h.block_ids]
         row = rows[h.req_id]
@@ -238,7 +238,10 @@ def to_scheduled(handed: Iterable[Handed], num_scheduled_tokens: Iterable[tuple[
             worker.add_row(list(h.block_ids[g]) if h.block_ids else [], row)
 
     scheduled = list(num_scheduled_tokens)
+    before = {rid: handed_counts[rid] if rid in handed_counts else computed_before[rid]
+              for rid, _ in scheduled}
     size = {rid: sizes(rid) for rid, _ in scheduled}
+    pending = placeholders_before or {}
     return Scheduled(
         scheduled=scheduled,
         new_block_ids=new_block_ids,
@@ -246,19 +249,17 @@ def to_scheduled(handed: Iterable[Handed], num_scheduled_tokens: Iterable[tuple[
         finished=sorted(finished),
         prefix_hit_tokens={rid: observed.hits[rid] for rid in admitted if rid in observed.hits},
         spec_tokens={rid: list(t) for rid, t in spec_tokens.items()},
-        computed_before={rid: computed_before[rid] for rid, _ in scheduled},
+        computed_before=before,
         num_tokens={rid: size[rid][0] for rid, _ in scheduled},
         num_outputs={rid: size[rid][1] for rid, _ in scheduled},
         evicted=list(observed.evicted),
-        slots={rid: written_slots(workers, rows[rid], computed_before[rid], n)
-               for rid, n in scheduled},
+        slots={rid: written_slots(workers, rows[rid], before[rid], n) for rid, n in scheduled},
         set_aside=list(observed.set_aside),
         grammar_index=dict(grammar_index or {}),
         bitmask_rows=[[rid, state] for rid, state in bitmask_rows],
         encoder_inputs={rid: list(ids) for rid, ids in (encoder_inputs or {}).items()},
         encoder_frees=list(encoder_frees),
-        placeholders={rid: (placeholders_before or {}).get(rid, 0) for rid, _ in scheduled
-                      if (placeholders_before or {}).get(rid, 0)},
+        placeholders={rid: pending[rid] for rid, _ in scheduled if pending.get(rid, 0)},
     )
 
 

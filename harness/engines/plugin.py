@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from harness.stream import Stream
 
@@ -98,24 +98,22 @@ class Plugged:
         own = getattr(self.engine, "refuses", None)
         return own(stream) if callable(own) else None
 
+    def _own(self, method: str, default: Callable[[], Any]) -> Any:
+        """The engine's own ``method()`` where it has one, else ``default()``."""
+        own = getattr(self.engine, method, None)
+        return own() if callable(own) else default()
+
     def version(self) -> str:
-        own = getattr(self.engine, "version", None)
-        return str(own()) if callable(own) else "unknown"
+        return str(self._own("version", lambda: "unknown"))
 
     def has_requests(self) -> bool:
-        own = getattr(self.engine, "has_requests", None)
-        return own() if callable(own) else self.engine.num_unfinished() > 0
+        return self._own("has_requests", lambda: self.engine.num_unfinished() > 0)
 
     def kv_cache_header(self) -> dict | None:
-        own = getattr(self.engine, "kv_cache_header", None)
-        return own() if callable(own) else None
+        return self._own("kv_cache_header", lambda: None)
 
     def end_step(self) -> None:
-        own = getattr(self.engine, "end_step", None)
-        if callable(own):
-            own()
+        self._own("end_step", lambda: None)
 
     def shutdown(self) -> None:
-        own = getattr(self.engine, "shutdown", None)
-        if callable(own):
-            own()
+        self._own("shutdown", lambda: None)
