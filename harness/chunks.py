@@ -122,11 +122,11 @@ def run_chunk(chunk: Chunk, profile: str, engines: tuple[str, ...], folder: Path
             digest.update(stream.sha256().encode())
         started = time.perf_counter()
         try:
-            assert_conforms(data, label=label, vllm=first, stats=None if failed else stats,
+            assert_conforms(stream, label=label, vllm=first, stats=None if failed else stats,
                             folder=folder)
             for engine in others:
                 if engine.refuses(stream) is None:
-                    assert_conforms(data, label=label, vllm=engine, folder=folder)
+                    assert_conforms(stream, label=label, vllm=engine, folder=folder)
         except Divergent:
             failed = True
             raise

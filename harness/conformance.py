@@ -76,7 +76,7 @@ def compare(stream: Stream, reference=None, vllm=None) -> Comparison:
     return Comparison(stream, first_divergence(left, right), left, right)
 
 
-def assert_conforms(data: dict[str, Any], label: str = "counterexample", reference=None,
+def assert_conforms(data: dict[str, Any] | Stream, label: str = "counterexample", reference=None,
                     vllm=None, stats: Stats | None = None, replay_env: str = "",
                     folder: Path | None = None, aim: bool = False) -> None:
     """Raise Divergent (with a report and a replay command) if the engines disagree.
@@ -84,8 +84,9 @@ def assert_conforms(data: dict[str, Any], label: str = "counterexample", referen
     ``replay_env`` (e.g. ``HARNESS_MUTANT=x``) is what the replay command needs set;
     the stream is kept in ``folder`` (default: the counterexamples folder).  With
     ``aim``, the stream's rule counters become hypothesis targets (:func:`harness.stats.aim_at`).
+    ``data`` is the stream as JSON, or already parsed.
     """
-    stream = parse_stream(data)
+    stream = data if isinstance(data, Stream) else parse_stream(data)
     c = compare(stream, reference, vllm)
     if stats is not None:
         stats.add(c.vllm)

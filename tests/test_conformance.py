@@ -48,9 +48,10 @@ def _engines(request, vllm_engine):
 def _property_test(prop):
     def check(data):
         engine = UNDER_TEST[0]
-        if engine.name != "vllm" and engine.refuses(parse_stream(data)) is not None:
+        stream = parse_stream(data)
+        if engine.name != "vllm" and engine.refuses(stream) is not None:
             return  # not taken by this engine
-        assert_conforms(data, label=prop.test_name, aim=AIM, vllm=engine)
+        assert_conforms(stream, label=prop.test_name, aim=AIM, vllm=engine)
 
     test = given_property(prop, check)
     test.__name__ = test.__qualname__ = prop.test_name
