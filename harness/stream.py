@@ -287,7 +287,12 @@ class Stream:
         return canonical_json(self.to_json()).encode()
 
     def sha256(self) -> str:
-        return hashlib.sha256(self.canonical_bytes()).hexdigest()
+        """The hash of the canonical form, computed once (a stream is immutable)."""
+        digest = self.__dict__.get("_sha256")
+        if digest is None:
+            digest = hashlib.sha256(self.canonical_bytes()).hexdigest()
+            object.__setattr__(self, "_sha256", digest)
+        return digest
 
     @property
     def speculative(self) -> bool:
