@@ -279,8 +279,11 @@ def reach_of_profile(profile: str = "ci", properties: Iterable[Property] | None 
     context = multiprocessing.get_context("spawn")  # no fork after torch may be loaded
     workers = min(workers, len(props))
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        # The properties with the most streams first, so that no worker is left with a
+        # long one at the end while the others idle.
         futures = [pool.submit(_reach_in_worker, profile, p.name, names, examples, enough,
-                               skip_undecided) for p in props]
+                               skip_undecided)
+                   for p in sorted(props, key=lambda p: -p.scale)]
         for f in futures:
             total.merge(f.result())
     return total

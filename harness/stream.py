@@ -19,7 +19,7 @@ import functools
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -140,7 +140,7 @@ class Config:
     def to_json(self) -> dict[str, Any]:
         """Every field, except the optional features' fields when they are left out (so
         streams written before those features existed keep their bytes and hashes)."""
-        out = _without_absent(asdict(self), OPTIONAL_CONFIG_FIELDS)
+        out = _without_absent(_fields_of(self), OPTIONAL_CONFIG_FIELDS)
         if self.async_ready_steps:
             out["async_ready_steps"] = list(self.async_ready_steps)
         if self.kv_cache_memory_bytes is not None:
@@ -160,6 +160,13 @@ OPTIONAL_CONFIG_FIELDS = {"kv_cache_groups": None, "max_loras": None,
                           "kv_cache_memory_bytes": None, "pipeline_parallel_size": 1}
 OPTIONAL_REQUEST_FIELDS = {"lora": None, "structured_output": None, "mm_inputs": (),
                            "pooling": False, "kv_transfer": None}
+
+
+def _fields_of(obj) -> dict[str, Any]:
+    """A dataclass's fields as they are (``asdict`` without its deep copy): the callers
+    replace every field that is not a plain value, and a stream is written for every
+    trace."""
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}
 
 
 def _without_absent(d: dict[str, Any], optional: dict[str, Any]) -> dict[str, Any]:
@@ -316,7 +323,7 @@ def canonical_json(obj: Any) -> str:
 
 
 def _request_json(r: RequestSpec) -> dict[str, Any]:
-    d = _without_absent(asdict(r), OPTIONAL_REQUEST_FIELDS)
+    d = _without_absent(_fields_of(r), OPTIONAL_REQUEST_FIELDS)
     d["prompt"] = list(r.prompt)
     d["output"] = list(r.output)
     d["stop_token_ids"] = list(r.stop_token_ids)
