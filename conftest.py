@@ -1,8 +1,12 @@
 """Shared pytest setup: hypothesis profiles and the vLLM availability gate.
 
-Profiles are those of ``harness.profiles`` (``ci``, ``dev``, ``nightly``):
-``ci`` when hypothesis detects a CI system, ``dev`` otherwise; select one with
-``--hypothesis-profile NAME``.
+Profiles are those of ``harness.profiles`` (``ci``, ``fast``, ``dev``, ``nightly``,
+``replay``): ``ci`` when hypothesis detects a CI system, ``dev`` otherwise; select one
+with ``--hypothesis-profile NAME``.
+
+Markers (``pyproject.toml``): ``conformance`` holds the installed vLLM to the
+reference (``pytest -k conformance`` selects exactly these), ``selftest`` checks that
+the harness itself can fail, ``slow`` is left out of ``make test-fast``.
 """
 
 from __future__ import annotations
