@@ -76,17 +76,14 @@ class Watch:
     """The sites of some rules' mutants, watched while the reference runs."""
 
     def __init__(self, rules: Iterable) -> None:
-        self.by_site: dict[tuple[int, str], list] = {}
-        self.owners: dict[tuple[int, str], object] = {}
+        self.by_site: dict[tuple[object, str], list] = {}  # (owner, attribute): its rules
         self.always: list[str] = []  # rules whose site cannot be watched
         for rule in rules:
             site = site_of(rule.mutant)
             if site is None:
                 self.always.append(rule.name)
-                continue
-            key = (id(site[0]), site[1])
-            self.owners[key] = site[0]
-            self.by_site.setdefault(key, []).append(rule)
+            else:
+                self.by_site.setdefault(site, []).append(rule)
 
     def decided_during(self, run: Callable[[], object]) -> tuple[object, set[str]]:
         """``run()``'s result and the names of the rules it decided."""
@@ -127,8 +124,7 @@ class Watch:
             return _rewrapped(attribute, watched)
 
         with ExitStack() as stack:
-            for key, rules in self.by_site.items():
-                owner, attr = self.owners[key], key[1]
+            for (owner, attr), rules in self.by_site.items():
                 watched = watching(inspect.getattr_static(owner, attr), rules)
                 if watched is None:
                     decided.update(r.name for r in rules)

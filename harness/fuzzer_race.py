@@ -54,6 +54,7 @@ def hypofuzz_installed() -> bool:
     """Whether ``make fuzz-env`` has put HypoFuzz in its side environment."""
     return (HYPOFUZZ_ENV / "hypofuzz").is_dir()
 
+
 _PROPERTY = "whole_space"
 _PROGRESS_EVERY = 25
 _STARTUP_S = 180  # importing vLLM and collecting, several at once on a busy machine

@@ -92,11 +92,8 @@ def rules_reached(stream: Stream, rules: Iterable[Rule], skip_undecided: bool = 
     live = [r for r in rules if r.mutant.checked_by == "streams"
             # applies: it cannot change this stream (tests/test_reach.py checks the claim)
             and (r.mutant.applies is None or r.mutant.applies(stream))]
-    by_release: dict[str, list[Rule]] = {}
-    for rule in live:
-        by_release.setdefault(rule.release, []).append(rule)
     reached = set()
-    for release, group in by_release.items():
+    for release, group in _by_release(live).items():
         engine = get_engine("reference", release=release)
         trace, decided = Watch(group).decided_during(lambda: run(engine, stream))
         original = _outcome(trace)
@@ -109,17 +106,21 @@ def rules_reached(stream: Stream, rules: Iterable[Rule], skip_undecided: bool = 
     return [r.name for r in live if r.name in reached]
 
 
+def _by_release(rules: Iterable[Rule]) -> dict[str, list[Rule]]:
+    """The rules grouped by the release they are judged on, in their order."""
+    groups: dict[str, list[Rule]] = {}
+    for rule in rules:
+        groups.setdefault(rule.release, []).append(rule)
+    return groups
+
+
 def broken_skips(stream: Stream, rules: Iterable[Rule]) -> list[str]:
     """The claims behind every skipped mutant run, checked on one stream: watching the
     sites changes no trace, and a rule that does not apply to the stream or that the
     watched run did not decide keeps the trace as it is under its mutant.  Each claim
     that fails is named."""
     broken = []
-    by_release: dict[str, list[Rule]] = {}
-    for rule in rules:
-        if rule.mutant.checked_by == "streams":
-            by_release.setdefault(rule.release, []).append(rule)
-    for release, group in by_release.items():
+    for release, group in _by_release(r for r in rules if r.mutant.checked_by == "streams").items():
         engine = get_engine("reference", release=release)
         original = _outcome(run(engine, stream))
         trace, decided = Watch(group).decided_during(lambda: run(engine, stream))

@@ -129,21 +129,23 @@ def step_record(step: int, s: Scheduled, emitted: dict[str, list[int]],
         "prefix_cache_reset": prefix_cache_reset,
     }
     if optional:
-        record.update(_optional_fields(s, states, optional, stats, kv_events, kv_connector,
-                                       updated))
+        given = {"stats": stats, "kv_events": kv_events, "kv_connector": kv_connector,
+                 "updated": updated}
+        record.update((k, given[k] if k in given else _FROM_STEP[k](s, states))
+                      for k in _OPTIONAL_ORDER if k in optional)
     return record
 
 
-def _optional_fields(s: Scheduled, states: dict[str, RequestState], optional: frozenset[str],
-                     stats, kv_events, kv_connector, updated) -> dict[str, Any]:
-    extra = {"set_aside": lambda: list(s.set_aside),
-             "grammar_index": lambda: dict(s.grammar_index),
-             "bitmask_rows": lambda: [list(r) for r in s.bitmask_rows],
-             "encoder_inputs": lambda: {rid: list(ids) for rid, ids in s.encoder_inputs.items()},
-             "encoder_frees": lambda: list(s.encoder_frees), "stats": lambda: stats,
-             "kv_events": lambda: kv_events, "kv_connector": lambda: kv_connector,
-             "updated": lambda: updated,
-             "output_placeholders": lambda: {rid: st.num_output_placeholders
-                                             for rid, st in states.items()}}
-    return {k: make() for k, make in extra.items() if k in optional}
+#: The optional fields made from the step's Scheduled record and the requests' states.
+_FROM_STEP = {
+    "set_aside": lambda s, states: list(s.set_aside),
+    "grammar_index": lambda s, states: dict(s.grammar_index),
+    "bitmask_rows": lambda s, states: [list(r) for r in s.bitmask_rows],
+    "encoder_inputs": lambda s, states: {rid: list(ids) for rid, ids in s.encoder_inputs.items()},
+    "encoder_frees": lambda s, states: list(s.encoder_frees),
+    "output_placeholders": lambda s, states: {rid: st.num_output_placeholders
+                                              for rid, st in states.items()},
+}
+#: The optional fields in the order a step record holds them.
+_OPTIONAL_ORDER = tuple(f for f in STEP_FIELDS if f in OPTIONAL_STEP_FIELDS)
 
