@@ -7,6 +7,8 @@ import inspect
 import types
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from harness import sideenv, upgrade_check
 from harness.cli import main
@@ -107,6 +109,31 @@ class TestShims:
         monkeypatch.setattr(compat, "_SAMPLED_AS_ARRAYS", True)
         out = compat.sampled_token_ids([[1, 2], []])
         assert [a.tolist() for a in out] == [[1, 2], []]
+
+    @given(pages=st.lists(st.integers(0, 500), min_size=1, max_size=12),
+           block_size=st.sampled_from([1, 2, 16]), data=st.data())
+    @settings(max_examples=60, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])  # a module, no state
+    def test_the_block_table_rule_is_the_numpy_slot_mapping(self, compat, pages, block_size, data):
+        """The rule used for the kernel releases (0.19.0 on) gives the slots of the numpy
+        ``compute_slot_mapping`` of the installed release, on vLLM's own BlockTable."""
+        table = compat.cpu_block_table(block_size, 4, 12, 12 * 16)
+        row = data.draw(st.integers(0, 3))
+        table.add_row(pages, row)
+        first = data.draw(st.integers(0, len(pages) * block_size - 1))
+        count = data.draw(st.integers(1, len(pages) * block_size - first))
+        by_numpy = compat.slot_mapping(table, row, first, count)
+        assert by_numpy == compat.slots_from_block_table(table.block_table.np[row], block_size,
+                                                         first, count)
+        assert not compat.SLOTS_BY_KERNEL and len(by_numpy) == count
+
+    def test_a_kernel_release_reads_the_row_vllm_wrote(self, compat, monkeypatch):
+        import numpy as np
+        monkeypatch.setattr(compat, "SLOTS_BY_KERNEL", True)
+        table = types.SimpleNamespace(block_size=4,
+                                      block_table=types.SimpleNamespace(np=np.array([[0, 0], [7, 2]])))
+        assert compat.slot_mapping(table, 1, 3, 3) == [31, 8, 9]
+        assert any("Triton kernel" in d for d in compat.DETECTED)
 
     def test_0_11_0_needs_no_shim(self, compat):
         from harness.engines.vllm_adapter import build_scheduler

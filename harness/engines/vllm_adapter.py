@@ -77,7 +77,6 @@ from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput 
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 from vllm.v1.structured_output.backend_types import StructuredOutputGrammar  # noqa: E402
-from vllm.v1.worker.block_table import BlockTable  # noqa: E402
 
 from harness.engines import vllm_compat as compat  # noqa: E402
 from harness.engines import vllm_connector  # noqa: E402
@@ -177,12 +176,10 @@ class WorkerTable:
     """
 
     def __init__(self, c: Config, block_size: int, num_requests: int):
-        self.table = BlockTable(
-            block_size=block_size, max_num_reqs=num_requests,
-            max_num_blocks_per_req=max(cdiv(c.max_model_len, block_size),
-                                       1 + c.num_speculative_tokens),
-            max_num_batched_tokens=c.max_num_batched_tokens,
-            pin_memory=False, device=torch.device("cpu"), **compat.block_table_kwargs(block_size))
+        self.table = compat.cpu_block_table(
+            block_size, num_requests,
+            max(cdiv(c.max_model_len, block_size), 1 + c.num_speculative_tokens),
+            c.max_num_batched_tokens)
 
     def add_row(self, block_ids: list[int], row: int) -> None:
         self.table.add_row(block_ids, row)
@@ -191,9 +188,7 @@ class WorkerTable:
         self.table.append_row(block_ids, row)
 
     def slots(self, row: int, first_position: int, num_tokens: int) -> list[int]:
-        positions = np.arange(first_position, first_position + num_tokens, dtype=np.int64)
-        self.table.compute_slot_mapping(np.full(num_tokens, row, dtype=np.int64), positions)
-        return self.table.slot_mapping.np[:num_tokens].tolist()
+        return compat.slot_mapping(self.table, row, first_position, num_tokens)
 
 
 class EventRecorder(EventPublisher):
@@ -267,14 +262,38 @@ class EncoderRegistry:
 
     get_max_tokens_per_item_by_nonzero_modality = get_max_tokens_per_item_by_modality
 
+    # From 0.19.0 the scheduler sizes the encoder through ``MultiModalBudget``, which asks
+    # the registry for the model's processor and the processor for the largest item.
+    def processor_only_cache_from_config(self, vllm_config) -> None:
+        return None
+
+    def create_processor(self, model_config, cache=None) -> "_ProcessorStandIn":
+        return _ProcessorStandIn(self.by_modality)
+
+
+class _ProcessorStandIn:
+    """What ``MultiModalBudget`` reads of a multimodal processor: its modalities (one image
+    per prompt is allowed; the scheduler never reads the per-prompt limit) and the largest
+    item of each."""
+
+    def __init__(self, by_modality: dict[str, int]) -> None:
+        self.info = self
+        self.by_modality = by_modality
+        self.supported_mm_limits = {m: None for m in by_modality}
+        self.allowed_mm_limits = {m: 1 for m in by_modality}
+
+    def get_mm_max_tokens_per_item(self, seq_len: int, mm_counts) -> dict[str, int]:
+        return dict(self.by_modality)
+
 
 def build_scheduler(c: Config, largest_mm_item: int = 0,
                     connector_script: ConnectorScript | None = None) -> Scheduler:
     vc, encoder = build_vllm_config(c, largest_mm_item, connector_script)
     scheduler = AsyncScheduler if c.async_scheduling else Scheduler
-    return scheduler(vllm_config=vc, kv_cache_config=kv_cache_config(c, vc),
-                     structured_output_manager=StructuredOutputManager(vc), log_stats=c.log_stats,
-                     **encoder, **compat.scheduler_kwargs(vc))
+    with compat.multimodal_while_sizing(vc.model_config, bool(encoder)):
+        return scheduler(vllm_config=vc, kv_cache_config=kv_cache_config(c, vc),
+                         structured_output_manager=StructuredOutputManager(vc),
+                         log_stats=c.log_stats, **encoder, **compat.scheduler_kwargs(vc))
 
 
 def build_vllm_config(c: Config, largest_mm_item: int = 0,

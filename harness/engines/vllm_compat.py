@@ -19,7 +19,7 @@ difference was first seen; ``DETECTED`` lists the ones this vLLM needed.
 | ``BlockPool(hash_block_size=)`` | absent | required (0.12.0) |
 | ``Request(eos_token_id=)`` | accepted | gone (0.17.0): the EOS is set on ``SamplingParams`` |
 | ``SpeculativeConfig.uses_draft_model()`` | not read | read by the scheduler (0.15.0) |
-| ``BlockTable.compute_slot_mapping`` | numpy on the CPU | a Triton GPU kernel taking tensors (0.19.0): **not followed**, so 0.19.0 and later cannot be driven here |
+| ``BlockTable.compute_slot_mapping`` | numpy on the CPU | a Triton kernel over the whole batch, taking tensors (0.19.0): see :func:`slot_mapping` |
 | ``FullAttentionSpec.max_memory_usage_bytes`` reads | ``decode_context_parallel_size`` | also ``prefill_context_parallel_size`` (0.12.0) |
 | ``Request(structured_output_request=)`` | given by the caller | built from ``SamplingParams`` (0.11.1) |
 | structured-output ids and bitmask | in ``SchedulerOutput`` (a dict: batch index) | ``Scheduler.get_grammar_bitmask()`` after ``schedule()`` (a list, 0.11.1) |
@@ -27,9 +27,12 @@ difference was first seen; ``DETECTED`` lists the ones this vLLM needed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import importlib.util
 import inspect
+import os
 from typing import Any
 
 import numpy as np
@@ -146,6 +149,122 @@ def request_eos_kwargs(params, eos_token_id: int | None) -> dict[str, Any]:
     _note("EOS in SamplingParams")
     params.update_from_generation_config({}, eos_token_id=eos_token_id)
     return {}
+
+
+#: 0.19.0 and later: the slot mapping is a Triton kernel over the batch (``query_start_loc``).
+SLOTS_BY_KERNEL = "query_start_loc" in _params(BlockTable.compute_slot_mapping)
+#: With ``HARNESS_SLOT_KERNEL=verify`` every slot mapping of a kernel release is also run
+#: through vLLM's own kernel under Triton's interpreter, and a difference stops the run.
+VERIFY_SLOT_KERNEL = "HARNESS_SLOT_KERNEL"
+
+
+def cpu_block_table(block_size: int, max_num_reqs: int, max_num_blocks_per_req: int,
+                    max_num_batched_tokens: int) -> BlockTable:
+    """vLLM's worker ``BlockTable`` for one KV cache group, on the CPU."""
+    import torch
+    return BlockTable(block_size=block_size, max_num_reqs=max_num_reqs,
+                      max_num_blocks_per_req=max_num_blocks_per_req,
+                      max_num_batched_tokens=max_num_batched_tokens, pin_memory=False,
+                      device=torch.device("cpu"), **block_table_kwargs(block_size))
+
+
+def slot_mapping(table, row: int, first_position: int, num_tokens: int) -> list[int]:
+    """The KV slots of ``num_tokens`` new tokens of the request in ``row`` of vLLM's worker
+    ``BlockTable`` (one KV cache group), from ``first_position`` on.
+
+    Up to 0.18.1 vLLM computes them on the CPU with numpy (``compute_slot_mapping``), and
+    the harness calls it.  From 0.19.0 that is a Triton kernel, which needs a GPU; vLLM's
+    CPU backend replaces it with a compiled op of its CPU build, which the CUDA wheel does
+    not have.  The harness then reads the row that vLLM's own ``add_row``/``append_row``
+    wrote into the table and applies the kernel's rule for one context-parallel rank with
+    kernel pages the size of the manager's pages (as the harness configures every
+    ``BlockTable``): slot = page * block_size + position % block_size.  That this is the
+    kernel's answer is checked, not assumed: with ``HARNESS_SLOT_KERNEL=verify`` the
+    kernel itself also runs, under Triton's interpreter (:func:`_interpreted_slots`), and
+    ``upgrade-report`` runs the bundled streams so; ``tests/test_vllm_compat.py`` checks
+    the rule against the numpy path of the installed release.
+    """
+    if not SLOTS_BY_KERNEL:
+        positions = np.arange(first_position, first_position + num_tokens, dtype=np.int64)
+        table.compute_slot_mapping(np.full(num_tokens, row, dtype=np.int64), positions)
+        return table.slot_mapping.np[:num_tokens].tolist()
+    _note("slot mapping by a Triton kernel: the kernel's rule on vLLM's block table")
+    slots = slots_from_block_table(table.block_table.np[row], table.block_size,
+                                   first_position, num_tokens)
+    if os.environ.get(VERIFY_SLOT_KERNEL) == "verify":
+        by_kernel = _interpreted_slots(table, row, first_position, num_tokens)
+        if by_kernel != slots:
+            raise AssertionError(f"slot mapping of row {row}: vLLM's kernel gives {by_kernel}, "
+                                 f"the block-table rule {slots}")
+    return slots
+
+
+def slots_from_block_table(pages, block_size: int, first_position: int, num_tokens: int) -> list[int]:
+    positions = np.arange(first_position, first_position + num_tokens, dtype=np.int64)
+    return (pages[positions // block_size].astype(np.int64) * block_size
+            + positions % block_size).tolist()
+
+
+@functools.lru_cache(maxsize=1)
+def _interpreted_kernel():
+    """vLLM's ``_compute_slot_mapping_kernel`` under Triton's CPU interpreter.  Without a
+    GPU driver vLLM puts a placeholder in place of ``triton``, so the kernel module holds the
+    bare function; it is rebound to the real ``triton.language`` and interpreted."""
+    import types
+
+    import triton
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+    from vllm.v1.worker import block_table as module
+    fn = getattr(module._compute_slot_mapping_kernel, "fn", module._compute_slot_mapping_kernel)
+    bound = types.FunctionType(fn.__code__, {**fn.__globals__, "tl": tl, "triton": triton},
+                               fn.__name__, fn.__defaults__, fn.__closure__)
+    bound.__annotations__ = dict(fn.__annotations__)
+    return InterpretedFunction(bound)
+
+
+def _interpreted_slots(table, row: int, first_position: int, num_tokens: int) -> list[int]:
+    """The kernel maps batch index ``i`` to table row ``i``: rows before ``row`` get no
+    tokens (empty ranges in ``query_start_loc``)."""
+    import torch
+
+    from vllm.v1.worker import block_table as module
+    table.commit_block_table(row + 1)
+    query_start_loc = torch.tensor([0] * (row + 1) + [num_tokens], dtype=torch.int32)
+    positions = torch.arange(first_position, first_position + num_tokens, dtype=torch.int64)
+    real = module._compute_slot_mapping_kernel
+    module._compute_slot_mapping_kernel = _interpreted_kernel()
+    try:
+        table.compute_slot_mapping(row + 1, query_start_loc, positions)
+    finally:
+        module._compute_slot_mapping_kernel = real
+    return table.slot_mapping.gpu[:num_tokens].tolist()
+
+
+#: 0.19.0 and later size the encoder through ``vllm.multimodal.encoder_budget.MultiModalBudget``.
+BUDGET_ASKS_MODEL_CONFIG = importlib.util.find_spec("vllm.multimodal.encoder_budget") is not None
+
+
+@contextlib.contextmanager
+def multimodal_while_sizing(model_config, images: bool):
+    """While the scheduler starts: a model config with a (default) multimodal config, for a
+    stream with images on a text-only bundled model.
+
+    From 0.19.0 ``MultiModalBudget`` asks the model config for its multimodal config (it
+    reads ``enable_mm_embeds``, off by default) before it asks the registry stand-in for
+    the largest item; a text-only config refuses.  Only the scheduler's start-up sees it:
+    the shared model config is put back at once.
+    """
+    if not (images and BUDGET_ASKS_MODEL_CONFIG and model_config.multimodal_config is None):
+        yield
+        return
+    from vllm.config.multimodal import MultiModalConfig
+    _note("MultiModalBudget reads the model's multimodal config")
+    model_config.multimodal_config = MultiModalConfig()
+    try:
+        yield
+    finally:
+        model_config.multimodal_config = None
 
 
 def resumed_flags(cached) -> list[bool]:

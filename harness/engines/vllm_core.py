@@ -256,8 +256,9 @@ class VllmCoreEngine(VllmEngine):
         model_max, mc.max_model_len = mc.max_model_len, c.max_model_len
         _STARTING[0] = self
         try:
-            self.core = EngineCore(vllm_config=vc, executor_class=ScriptedExecutor,
-                                   log_stats=c.log_stats)
+            with compat.multimodal_while_sizing(mc, bool(encoder)):
+                self.core = EngineCore(vllm_config=vc, executor_class=ScriptedExecutor,
+                                       log_stats=c.log_stats)
         finally:
             _STARTING[0] = None
             mc.max_model_len = model_max
