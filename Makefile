@@ -87,10 +87,12 @@ bench-fuzzers: $(FUZZ_STAMP)
 gpu-check: $(STAMP)
 	$(PY) -m harness gpu-check
 
-# make upgrade-check VLLM=0.12.0: that release against 0.11.0's rules (docs/upgrades/).
+# make upgrade-check VLLM=0.19.0: that release against 0.11.0's rules (docs/upgrades/);
+# FROM=0.13.0: against that release instead (report docs/upgrades/0.13.0-to-0.19.0.md).
+FROM ?= 0.11.0
 upgrade-check: $(STAMP)
-	@test -n "$(VLLM)" || { echo "error: VLLM: say which release, e.g. make upgrade-check VLLM=0.12.0" >&2; exit 2; }
-	$(PY) -m harness upgrade-check $(VLLM)
+	@test -n "$(VLLM)" || { echo "error: VLLM: say which release, e.g. make upgrade-check VLLM=0.19.0" >&2; exit 2; }
+	$(PY) -m harness upgrade-check $(VLLM) --from $(FROM)
 
 # Caches and outputs; the ~10 GB environment stays (see distclean).
 clean:

@@ -316,21 +316,47 @@ def cmd_conformance(ns) -> int:
     return conformance_main(examples=ns.examples)
 
 
-def cmd_upgrade_check(ns) -> int:
+def _upgrade_arguments(ns) -> tuple[Path | None, Path | None]:
+    """(report folder, the user's streams folder), after the one-line checks of the release
+    numbers, FROM and the streams."""
     from harness.sideenv import check_version
-    from harness.upgrade_check import upgrade_check
+    from reference import releases
     try:
         check_version(ns.version)
+        check_version(ns.old)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    return upgrade_check(ns.version, examples=ns.examples, seed=ns.seed, out=Path(ns.out),
-                         record=not ns.no_record)
+    if not releases.is_described(ns.old):
+        raise UsageError(f"FROM: the reference does not describe vLLM {ns.old} "
+                         f"(it describes {releases.RELEASES[0]} to {releases.RELEASES[-1]})")
+    if releases.order(ns.old) >= releases.order(ns.version):
+        raise UsageError(f"FROM: {ns.old} is not older than VLLM={ns.version}")
+    streams = None
+    if ns.streams is not None:
+        streams = Path(ns.streams)
+        if not streams.is_dir():
+            raise UsageError(f"{ns.streams}: not a folder of streams")
+        paths = sorted(streams.glob("*.json"))
+        if not paths:
+            raise UsageError(f"{ns.streams}: no *.json streams in it")
+        for path in paths:
+            load_stream(path)  # a bad stream: one line naming the field (exit 2)
+    out = Path(ns.out) if ns.out is not None else (None if streams else DOCS_DIR / "upgrades")
+    return out, streams
+
+
+def cmd_upgrade_check(ns) -> int:
+    from harness.upgrade_check import upgrade_check
+    out, streams = _upgrade_arguments(ns)
+    return upgrade_check(ns.version, examples=ns.examples, seed=ns.seed, out=out,
+                         record=not ns.no_record, old=ns.old, streams=streams)
 
 
 def cmd_upgrade_report(ns) -> int:
     from harness.upgrade import report
-    return report(ns.version, examples=ns.examples, seed=ns.seed, out=Path(ns.out),
-                  record=not ns.no_record)
+    out, streams = _upgrade_arguments(ns)
+    return report(ns.version, examples=ns.examples, seed=ns.seed, out=out,
+                  record=not ns.no_record, old=ns.old, streams=streams)
 
 
 def cmd_bench(ns) -> int:
@@ -541,15 +567,23 @@ def build_parser() -> argparse.ArgumentParser:
     cf.set_defaults(func=cmd_conformance)
     for name, func, text in (
             ("upgrade-check", cmd_upgrade_check,
-             "run a newer vLLM release (a cached side environment) against 0.11.0's rules "
-             "and write docs/upgrades/<version>.md"),
+             "run a newer vLLM release (a cached side environment) against an older one's "
+             "rules (0.11.0 unless --from) and write docs/upgrades/<version>.md"),
             ("upgrade-report", cmd_upgrade_report, argparse.SUPPRESS)):
         u = sub.add_parser(name, help=text)
         u.add_argument("version", help="a vLLM release, e.g. 0.12.0")
+        u.add_argument("streams", nargs="?", default=None,
+                       help="a folder of your own streams: each is reported same or different "
+                            "between the two releases (no campaign; the report goes to "
+                            "standard output unless --out is given)")
+        u.add_argument("--from", dest="old", default="0.11.0", metavar="RELEASE",
+                       help="the release upgraded from (default 0.11.0; one the reference "
+                            "describes)")
         u.add_argument("--examples", type=positive_int, default=5000)
         u.add_argument("--seed", type=int, default=1)
-        u.add_argument("--out", default=str(DOCS_DIR / "upgrades"),
-                       help="folder of the reports (default: docs/upgrades)")
+        u.add_argument("--out", default=None,
+                       help="folder of the reports (default: docs/upgrades; with a streams "
+                            "folder, standard output)")
         u.add_argument("--no-record", action="store_true",
                        help="do not record the bundled streams' traces into fixtures/traces/")
         u.set_defaults(func=func)

@@ -15,9 +15,17 @@ goes on, as it does in the base environment on a machine without CUDA.  An
 overlay costs one ~370-475 MB download (kept in ``.venvs/wheels``) and ~40 MB
 on disk, against ~10 GB and ~5 minutes for a full environment.
 
-A release whose Python code needs other versions of the base packages (0.33.0
-needs transformers 5) cannot be driven this way; the report says which
-import failed.
+A release whose own requirements refuse the base environment's transformers
+(0.24.0 and later need transformers 5) also gets the *second base stack*:
+the packages pinned in ``constraints-transformers5.txt`` (transformers,
+tokenizers, huggingface-hub; ~75 MB), unpacked once into
+``.venvs/transformers5`` with ``--no-deps`` and put on the path after the
+release's overlay.  Their other requirements are met by the base environment.
+The torch stays the base's 2.8.0 although those releases pin a newer one: the
+scheduler and the KV cache manager do not call torch, and the conformance of
+each release with the reference is what shows the drive is exact.  A release
+whose requirement the pinned transformers does not meet is refused, naming
+both.
 """
 
 from __future__ import annotations
@@ -27,12 +35,17 @@ import re
 import shutil
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
+
+from packaging.requirements import Requirement
 
 from harness.paths import ROOT
 
 SIDE_ENVS = ROOT / ".venvs"
 WHEELS = SIDE_ENVS / "wheels"
+STACK_CONSTRAINTS = ROOT / "constraints-transformers5.txt"
+STACK_DIR = SIDE_ENVS / "transformers5"
 _VERSION = re.compile(r"^\d+\.\d+\.\d+([.-]?(post|rc|dev)\d+)?$")
 
 
@@ -75,6 +88,59 @@ def ensure_overlay(version: str, log=print) -> Path:
     return target
 
 
+def requirement(version: str, package: str) -> str | None:
+    """The release's requirement on ``package`` (from its wheel's METADATA), if any."""
+    for meta in overlay_dir(version).glob("vllm-*.dist-info/METADATA"):
+        for line in meta.read_text().splitlines():
+            m = re.match(rf"Requires-Dist: ({re.escape(package)}\b[^;]*)$", line, re.I)
+            if m:
+                return m.group(1).strip()
+    return None
+
+
+def needs_stack(version: str) -> bool:
+    """Whether the release refuses the base environment's transformers."""
+    wanted = requirement(version, "transformers")
+    return wanted is not None and not _meets(wanted, metadata.version("transformers"))
+
+
+def _meets(wanted: str, version: str) -> bool:
+    return Requirement(wanted).specifier.contains(version, prereleases=True)
+
+
+def pinned_stack() -> dict[str, str]:
+    """{package: version} of the second base stack."""
+    pins = {}
+    for line in STACK_CONSTRAINTS.read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            pins[name.strip().lower()] = version.strip()
+    return pins
+
+
+def ensure_stack(version: str, log=print) -> Path | None:
+    """The second base stack when the release needs it (made on first use), else None."""
+    if not needs_stack(version):
+        return None
+    wanted = requirement(version, "transformers")
+    pinned = pinned_stack()["transformers"]
+    if not _meets(wanted, pinned):
+        raise SideEnvError(f"vllm {version} requires {wanted}; {STACK_CONSTRAINTS.name} "
+                           f"pins transformers {pinned}")
+    done = STACK_DIR / ".complete"
+    pins = STACK_CONSTRAINTS.read_text()
+    if done.exists() and done.read_text() == pins:
+        return STACK_DIR
+    if STACK_DIR.exists():
+        shutil.rmtree(STACK_DIR)
+    log(f"installing the second base stack ({STACK_CONSTRAINTS.name}) into {STACK_DIR}")
+    _pip("install", "--no-deps", "--no-compile", "--target", str(STACK_DIR),
+         "-r", str(STACK_CONSTRAINTS), what=STACK_CONSTRAINTS.name)
+    done.write_text(pins)
+    return STACK_DIR
+
+
 def _find_wheel(version: str) -> Path | None:
     found = sorted(WHEELS.glob(f"vllm-{version}-*.whl"))
     return found[0] if found else None
@@ -92,7 +158,8 @@ def _pip(*args: str, what: str) -> None:
 def overlay_environment(version: str) -> dict[str, str]:
     """The environment of a process that runs ``version`` from its overlay."""
     env = dict(os.environ)
-    paths = [str(overlay_dir(version)), str(ROOT)]
+    paths = [str(overlay_dir(version))] + ([str(STACK_DIR)] if needs_stack(version) else []) \
+        + [str(ROOT)]
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(paths)

@@ -1,5 +1,9 @@
 """The upgrade check: which of vLLM 0.11.0's rules a newer release changed, and nothing else.
 
+(Or of any older release the reference describes: ``FROM``.  Below, 0.11.0 stands for
+it; a release other than 0.11.0 is represented by its recorded traces where the bundled
+streams have them, and by the reference with its rules otherwise.)
+
 Runs inside a process whose vLLM is the newer release (``harness.sideenv``
 starts it).  vLLM 0.11.0 is represented twice, both proven equal to it: by the
 recorded 0.11.0 traces of the bundled streams, and by the reference with
@@ -83,22 +87,28 @@ class Cause:
 
 
 class Checker:
-    """The engines of one upgrade check, and the classification of one stream."""
+    """The engines of one upgrade check, and the classification of one stream.
 
-    def __init__(self, version: str):
+    ``old`` is the release upgraded from (0.11.0 unless told); the reference must describe
+    it.  Its rules are the starting point: a change is tried by turning it over (on when
+    ``old`` lacks it, off when ``old`` has it).
+    """
+
+    def __init__(self, version: str, old: str = BASE):
         self.version = version
+        self.old = old
         self.vllm = get_engine("vllm")
-        self.base = ReferenceEngine(BASE)
+        self.base = ReferenceEngine(old)
         self.target = ReferenceEngine(releases.newest_described(version))
         self.candidates = [c.name for c in releases.CHANGES]
         self._with: dict[frozenset[str], ReferenceEngine] = {}
         self._single = {name: self.base_with({name}) for name in self.candidates}
 
     def base_with(self, changes: set[str]) -> ReferenceEngine:
-        """The reference with 0.11.0's rules plus ``changes`` (built once each)."""
+        """The reference with ``old``'s rules and ``changes`` turned over (built once each)."""
         key = frozenset(changes)
         if key not in self._with:
-            self._with[key] = ReferenceEngine(BASE, key)
+            self._with[key] = ReferenceEngine(self.old, self.base.rules ^ key)
         return self._with[key]
 
     def traces(self, stream: Stream) -> tuple[dict, dict, dict]:
@@ -114,14 +124,14 @@ class Checker:
         for name in self.candidates:
             if first_divergence(new, run(self._single[name], stream).to_json()) is None:
                 return (name,)
-        active = [n for n in self.candidates if n in self.target.rules]
+        active = [n for n in self.candidates if (n in self.target.rules) != (n in self.base.rules)]
         for i, a in enumerate(active):  # two changes at once, before all of them
             for b in active[i + 1:]:
                 if first_divergence(new, run(self.base_with({a, b}), stream).to_json()) is None:
                     return (a, b)
         left = first_divergence(new, target)
         if left is None:
-            return tuple(sorted(self.target.rules))
+            return tuple(sorted(self.target.rules ^ self.base.rules))
         # Grouped by what the release's known rules leave unexplained: the first field in
         # which the new vLLM differs from the reference with those rules, not from 0.11.0.
         return ("unexplained", left.field)
@@ -172,11 +182,13 @@ class BundledResult:
     conforms: bool = True  # the reference with the release's rules gives the new trace
 
 
-def check_bundled(checker: Checker, causes: dict) -> list[BundledResult]:
+def check_bundled(checker: Checker, causes: dict, folder: Path = STREAMS_DIR) -> list[BundledResult]:
+    """The streams of ``folder`` (the bundled ones unless told): each against ``old``'s
+    recorded trace where there is one, else against the reference with ``old``'s rules."""
     results = []
-    for path in sorted(STREAMS_DIR.glob("*.json")):
+    for path in sorted(folder.glob("*.json")):
         stream = load_stream(path)
-        golden_path = golden_dir(BASE) / path.name
+        golden_path = golden_dir(checker.old) / path.name
         old = read_trace(golden_path) if golden_path.exists() else run(checker.base, stream).to_json()
         new = run(checker.vllm, stream).to_json()
         target = run(checker.target, stream).to_json()
@@ -196,9 +208,9 @@ def check_bundled(checker: Checker, causes: dict) -> list[BundledResult]:
             or ("unexplained", d.field)
         for cause in attribute(causes, key, counted=False):
             cause.bundled.append(stream.name)
-        detail = (f"step {d.step}, field `{d.field}`: 0.11.0 `{json.dumps(d.right)}`, "
+        detail = (f"step {d.step}, field `{d.field}`: {checker.old} `{json.dumps(d.right)}`, "
                   f"{checker.version} `{json.dumps(d.left)}`")
-        ctx = side_by_side(_relabel(old, BASE), _relabel(new, checker.version), d.step or 0)
+        ctx = side_by_side(_relabel(old, checker.old), _relabel(new, checker.version), d.step or 0)
         results.append(BundledResult(stream.name, DIFFERENT, key, detail + "\n\n```\n" + ctx + "\n```",
                                      conforms))
     return results
@@ -248,7 +260,7 @@ def campaign(checker: Checker, causes: dict, examples: int, seed: int) -> Campai
                     cause.offer(data, len(new["steps"]), alone=len(key) == 1 or key[0] == "unexplained")
         n = result.same + result.different
         if n % tenth == 0:
-            print(f"  {n}/{examples} streams, {result.different} different from 0.11.0, "
+            print(f"  {n}/{examples} streams, {result.different} different from {checker.old}, "
                   f"{n - result.conform} not conforming to the {checker.target.release} rules",
                   file=sys.stderr, flush=True)
 
@@ -328,32 +340,36 @@ def _with_request(data: dict[str, Any], i: int, new: dict[str, Any]) -> dict[str
 
 # -- the report ---------------------------------------------------------------------------
 
-def write_report(path: Path, version: str, checker: Checker, bundled: list[BundledResult],
-                 camp: CampaignResult, causes: dict) -> None:
+def report_text(version: str, checker: Checker, bundled: list[BundledResult],
+                camp: CampaignResult, causes: dict, folder: Path = STREAMS_DIR) -> str:
     different = [b for b in bundled if b.outcome == DIFFERENT]
     unexplained = [c for c in causes.values() if not c.explained]
     target = checker.target.release
+    old = checker.old
+    from_arg = "" if old == BASE else f"FROM={old} "
+    kind = "bundled" if folder == STREAMS_DIR else "your"
     conform_bundled = sum(b.conforms for b in bundled)
     lines = [
-        f"# vLLM {version} against vLLM 0.11.0's rules",
+        f"# vLLM {version} against vLLM {old}'s rules",
         "",
-        f"Checked {datetime.date.today().isoformat()} with `make upgrade-check VLLM={version}` "
+        f"Checked {datetime.date.today().isoformat()} with `make upgrade-check {from_arg}VLLM={version}` "
         f"(vLLM {version} from a wheel overlay on the base torch; see `harness/sideenv.py`).",
         "",
         "## Verdict",
         "",
         f"* **{'SAME' if not causes else 'DIFFERENT'}**: "
-        + (f"{len(causes)} cause(s) of divergence from 0.11.0"
+        + (f"{len(causes)} cause(s) of divergence from {old}"
            + (f", {len(unexplained)} of them not explained by a named rule change" if unexplained
               else ", every one a named rule change of `reference/releases.py`")
            if causes else "no stream behaves differently from 0.11.0") + ".",
-        f"* Bundled streams: {sum(b.outcome == SAME for b in bundled)} same, {len(different)} different, "
-        f"{sum(b.outcome == COULD_NOT_RUN for b in bundled)} could not run.",
-        f"* Campaign (seed {camp.seed}): {camp.same + camp.different} streams, {camp.different} "
-        f"different from 0.11.0 ({camp.seconds:.0f} s).",
+        f"* {kind.capitalize()} streams: {sum(b.outcome == SAME for b in bundled)} same, "
+        f"{len(different)} different, {sum(b.outcome == COULD_NOT_RUN for b in bundled)} could not run.",
+        (f"* Campaign (seed {camp.seed}): {camp.same + camp.different} streams, {camp.different} "
+         f"different from {old} ({camp.seconds:.0f} s)." if camp.examples else
+         f"* No generated streams: the streams of `{folder.name}/` only."),
         f"* The reference with the rules of {target} conforms on "
         f"{camp.conform}/{camp.same + camp.different} generated and "
-        f"{conform_bundled}/{len(bundled)} bundled streams"
+        f"{conform_bundled}/{len(bundled)} {kind} streams"
         + (" (exact)." if camp.conform == camp.same + camp.different and conform_bundled == len(bundled)
            else "."),
         "",
@@ -388,10 +404,11 @@ def write_report(path: Path, version: str, checker: Checker, bundled: list[Bundl
                       "```json", json.dumps(ex_stream.to_json(), sort_keys=True), "```", ""]
             if d is not None and d.step is not None:
                 lines += [f"First difference: step {d.step}, field `{d.field}`.", "", "```",
-                          side_by_side(_relabel(old, BASE), _relabel(new, version), d.step), "```"]
+                          side_by_side(_relabel(old, checker.old), _relabel(new, version), d.step),
+                          "```"]
         lines.append("")
-    lines += ["## Bundled streams", "",
-              f"| stream | vs 0.11.0 | cause | reference ({target} rules) |", "|---|---|---|---|"]
+    lines += [f"## {kind.capitalize()} streams", "",
+              f"| stream | vs {old} | cause | reference ({target} rules) |", "|---|---|---|---|"]
     for b in bundled:
         cause = " + ".join(b.cause) if b.cause else ""
         lines.append(f"| {b.name} | {b.outcome} | {cause} | {'equal' if b.conforms else 'DIFFERENT'} |")
@@ -404,7 +421,7 @@ def write_report(path: Path, version: str, checker: Checker, bundled: list[Bundl
     if camp.nonconforming:
         lines += ["Streams where the reference with the release's rules differs (first 5):", ""]
         lines += ["```json\n" + json.dumps(d, sort_keys=True) + "\n```" for d in camp.nonconforming]
-    write_atomic(path, "\n".join(lines).rstrip() + "\n")
+    return "\n".join(lines).rstrip() + "\n"
 
 
 @contextlib.contextmanager
@@ -423,28 +440,41 @@ def _slots_checked_by_vllms_kernel():
             os.environ["HARNESS_SLOT_KERNEL"] = saved
 
 
-def report(version: str, examples: int, seed: int, out: Path, record: bool) -> int:
-    """The check inside the new release's process: 0 same, 1 different, 3 could not drive."""
+def report(version: str, examples: int, seed: int, out: Path | None, record: bool,
+           old: str = BASE, streams: Path | None = None) -> int:
+    """The check inside the new release's process: 0 same, 1 different, 3 could not drive.
+
+    ``old``: the release upgraded from.  ``streams``: a folder of the user's own streams,
+    checked instead of the bundled ones and without a campaign; the report then goes to
+    ``out`` when given, else to standard output.
+    """
     installed = installed_vllm_version()
     if installed is None or installed.split("+")[0] != version:
         raise EngineUnavailable(f"vLLM {version} is not the one on the import path ({installed})")
-    checker = Checker(version)  # imports vLLM: EngineUnavailable names what is missing
+    checker = Checker(version, old)  # imports vLLM: EngineUnavailable names what is missing
     causes: dict[tuple[str, ...], Cause] = {}
-    print(f"== bundled streams: vLLM {version} against the recorded vLLM 0.11.0 traces",
-          file=sys.stderr)
+    folder = STREAMS_DIR if streams is None else streams
+    print(f"== streams of {folder}: vLLM {version} against vLLM {old}", file=sys.stderr)
     with _slots_checked_by_vllms_kernel():
-        bundled = check_bundled(checker, causes)
+        bundled = check_bundled(checker, causes, folder)
+    if streams is not None:
+        examples = 0
     print(f"== campaign: {examples} streams, seed {seed}", file=sys.stderr)
-    camp = campaign(checker, causes, examples, seed)
+    camp = campaign(checker, causes, examples, seed) if examples else CampaignResult(0, seed)
     for cause in causes.values():
         print(f"== shrinking an example of {cause.title()}", file=sys.stderr)
         shrink(checker, cause)
     if record:
         from harness.golden import record as record_traces
-        streams = [load_stream(p) for p in sorted(STREAMS_DIR.glob("*.json"))]
-        record_traces(streams, golden_dir(version))
-    write_report(out / f"{version}.md", version, checker, bundled, camp, causes)
-    print(f"report: {out / f'{version}.md'}")
+        bundled_streams = [load_stream(p) for p in sorted(STREAMS_DIR.glob("*.json"))]
+        record_traces(bundled_streams, golden_dir(version))
+    name = f"{version}.md" if old == BASE and streams is None else f"{old}-to-{version}.md"
+    text = report_text(version, checker, bundled, camp, causes, folder)
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        write_atomic(out / name, text)
+        print(f"report: {out / name}")
     for cause in sorted(causes.values(), key=lambda c: -c.count):
         print(f"cause: {cause.title()} ({cause.count} streams)")
     return 1 if causes else 0

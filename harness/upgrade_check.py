@@ -17,9 +17,11 @@ import sys
 from pathlib import Path
 
 from harness.paths import ROOT, write_atomic
-from harness.sideenv import (SideEnvError, check_version, ensure_overlay, overlay_dir,
-                             overlay_environment)
+from harness.sideenv import (SideEnvError, check_version, ensure_overlay, ensure_stack,
+                             overlay_environment, requirement)
 from reference import releases
+
+BASE = "0.11.0"
 
 INDEX_HEADER = [
     "# Upgrade checks: every vLLM release tried",
@@ -38,14 +40,22 @@ INDEX_HEADER = [
 ]
 
 
-def upgrade_check(version: str, examples: int, seed: int, out: Path, record: bool) -> int:
+def upgrade_check(version: str, examples: int, seed: int, out: Path | None, record: bool,
+                  old: str = BASE, streams: Path | None = None) -> int:
+    """``make upgrade-check [FROM=old] VLLM=version``; with ``streams``, the user's own
+    streams instead of the bundled ones (no campaign, nothing recorded, the index of
+    releases untouched).  Exit codes as the module says."""
     check_version(version)
+    plain = old == BASE and streams is None
     try:
         ensure_overlay(version, log=lambda m: print(m, file=sys.stderr))
+        ensure_stack(version, log=lambda m: print(m, file=sys.stderr))
     except SideEnvError as exc:
-        return _could_not_drive(version, out, f"no side environment: {exc}")
+        return _could_not_drive(version, out if plain else None, f"no side environment: {exc}")
     cmd = [sys.executable, "-m", "harness", "upgrade-report", version, "--examples", str(examples),
-           "--seed", str(seed), "--out", str(out)] + ([] if record else ["--no-record"])
+           "--seed", str(seed), "--from", old] + ([] if record and plain else ["--no-record"]) \
+        + ([] if out is None else ["--out", str(out)]) \
+        + ([] if streams is None else [str(streams)])
     proc = subprocess.Popen(cmd, env=overlay_environment(version), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     last_error = ""
@@ -56,8 +66,8 @@ def upgrade_check(version: str, examples: int, seed: int, out: Path, record: boo
     code = proc.wait()
     if code == 3 or (code not in (0, 1) and last_error):
         why = (last_error or f"exit {code}").removeprefix("vLLM cannot be driven: ")
-        return _could_not_drive(version, out, _explain(version, why))
-    if code in (0, 1):
+        return _could_not_drive(version, out if plain else None, _explain(version, why))
+    if code in (0, 1) and plain:
         report = out / f"{version}.md"
         failed = _could_not_run(report)
         if failed:
@@ -79,7 +89,7 @@ def _explain(version: str, why: str) -> str:
     missing = re.search(r"cannot import name '[^']+' from '([\w.]+)'", why)
     if missing:
         package = missing.group(1).split(".")[0]
-        wanted = _requirement(version, package)
+        wanted = requirement(version, package)
         if wanted:
             from importlib import metadata
             try:
@@ -90,21 +100,15 @@ def _explain(version: str, why: str) -> str:
     return why
 
 
-def _requirement(version: str, package: str) -> str | None:
-    for meta in overlay_dir(version).glob("vllm-*.dist-info/METADATA"):
-        for line in meta.read_text().splitlines():
-            m = re.match(rf"Requires-Dist: ({re.escape(package)}\b[^;]*)", line, re.I)
-            if m:
-                return m.group(1).strip()
-    return None
-
-
-def _could_not_drive(version: str, out: Path, why: str) -> int:
-    text = (f"# vLLM {version} against vLLM 0.11.0's rules\n\n"
-            f"Tried {datetime.date.today().isoformat()} with `make upgrade-check VLLM={version}`.\n\n"
-            f"**Could not drive this release**: {why}\n")
-    write_atomic(out / f"{version}.md", text)
-    _update_index(out, version, "no", f"could not drive: {why}", "-")
+def _could_not_drive(version: str, out: Path | None, why: str) -> int:
+    """Exit 3 with one line; a plain check (``out`` given) also writes the release's report
+    and its row of the index."""
+    if out is not None:
+        text = (f"# vLLM {version} against vLLM 0.11.0's rules\n\n"
+                f"Tried {datetime.date.today().isoformat()} with `make upgrade-check VLLM={version}`.\n\n"
+                f"**Could not drive this release**: {why}\n")
+        write_atomic(out / f"{version}.md", text)
+        _update_index(out, version, "no", f"could not drive: {why}", "-")
     print(f"error: vLLM {version} cannot be driven: {why}", file=sys.stderr)
     return 3
 

@@ -31,6 +31,9 @@ class HashInputs:
     cache_salt: str | None = None
     # Multimodal items in prompt order: objects with offset, length and mm_hash.
     encoder_inputs: tuple = ()
+    # 0.19.0 and later (mm_hash_keys_carry_the_offset): an item's key is its content hash
+    # and its offset from the block's start, and an item ending at the block's start is past.
+    mm_keys_with_offset: bool = False
 
 
 def hash_block(parent: BlockHash | None, tokens: Sequence[int], extra: tuple | None) -> BlockHash:
@@ -45,35 +48,39 @@ def extra_keys(inputs: HashInputs, block_start: int, mm: tuple = ()) -> tuple | 
     return keys or None
 
 
-def mm_keys(items: tuple, start: int, end: int, item: int) -> tuple[tuple, int]:
-    """The content hashes of the items the block ``[start, end)`` touches, looking from
-    item number ``item`` on; also the item the next block starts looking from.
+def mm_keys(items: tuple, start: int, end: int, item: int,
+            with_offset: bool = False) -> tuple[tuple, int]:
+    """The keys of the items the block ``[start, end)`` touches, looking from item number
+    ``item`` on; also the item the next block starts looking from.
 
-    An item that ended before the block is passed over, but one ending exactly where
-    the block starts still counts as touching it; an item the block leaves unfinished
-    stops the look (the next block starts from it).
+    An item that ended before the block is passed over; an item the block leaves
+    unfinished stops the look (the next block starts from it).  Up to 0.18.1 an item
+    ending exactly where the block starts still counts as touching it, and its key is
+    its content hash; from 0.19.0 (``with_offset``) it does not, and the key also holds
+    where the item starts relative to the block.
     """
-    if not items or items[-1].offset + items[-1].length < start:
+    if not items or ended_before(items[-1], start, with_offset):
         return (), item  # every item lies before the block
     keys = []
     while item < len(items):
         it = items[item]
         if end <= it.offset:
             break
-        if ended_before(it, start):
+        if ended_before(it, start, with_offset):
             item += 1
             continue
-        keys.append(it.mm_hash)
+        keys.append((it.mm_hash, it.offset - start) if with_offset else it.mm_hash)
         if end < it.offset + it.length:
             break
         item += 1
     return tuple(keys), item
 
 
-def ended_before(item, start: int) -> bool:
-    """The item ended before the block; one ending exactly at ``start`` has not
-    (quirks.MM_HASH_ON_BLOCK_AFTER_A_LATER_HASHING)."""
-    return start > item.offset + item.length
+def ended_before(item, start: int, with_offset: bool = False) -> bool:
+    """The item ended before the block.  Up to 0.18.1 one ending exactly at ``start`` has
+    not (quirks.MM_HASH_ON_BLOCK_AFTER_A_LATER_HASHING); from 0.19.0 it has."""
+    end = item.offset + item.length
+    return start >= end if with_offset else start > end
 
 
 def first_item_to_look_at(items: tuple, start: int) -> int:
@@ -99,7 +106,8 @@ def extend_block_hashes(hashes: list[BlockHash], tokens: Sequence[int], block_si
     item = first_item_to_look_at(inputs.encoder_inputs, start)
     while start + block_size <= len(tokens):
         parent = hashes[-1] if hashes else None
-        mm, item = mm_keys(inputs.encoder_inputs, start, start + block_size, item)
+        mm, item = mm_keys(inputs.encoder_inputs, start, start + block_size, item,
+                           inputs.mm_keys_with_offset)
         hashes.append(hash_block(parent, tokens[start:start + block_size],
                                  extra_keys(inputs, start, mm)))
         start += block_size

@@ -183,23 +183,30 @@ class BlockPool:
                           request: Request | None = None, block_size: int = 0) -> None:
         """Index the pages ``blocks[num_cached:num_full]`` of one group under their hashes.
 
-        Whatever stands there is indexed, the null page too
-        (quirks.NULL_PAGE_CACHED): a null page already indexed fails the check.
-        With KV cache events on, the call is announced (``request`` and
-        ``block_size`` say whose tokens the pages hold).
+        Up to 0.13.0 whatever stands there is indexed, the null page too
+        (quirks.NULL_PAGE_CACHED): a null page already indexed fails the check.  From
+        0.14.0 (null_pages_never_cached) null pages are passed over.  With KV cache events
+        on, the call is announced (``request`` and ``block_size`` say whose tokens the
+        pages hold).
         """
         if num_cached == num_full:
             return
         assert len(block_hashes) >= num_full
+        skips_null = self.has("null_pages_never_cached")
+        stored = []
         for block, block_hash in zip(blocks[num_cached:num_full], block_hashes[num_cached:]):
+            if skips_null and block.is_null:
+                continue
             assert block.block_hash is None, f"{block} is already cached"
             key = (block_hash, group_id)
             block.block_hash = key
             self.cached.setdefault(key, {})[block.block_id] = block
+            stored.append(block_hash)
         if self.kv_events.enabled:
+            parent = (block_hashes[num_cached - 1] if num_cached else None) if skips_null \
+                else parent_hash(blocks, num_cached)
             self.kv_events.put(BlockStored(
-                block_hashes=tuple(block_hashes[num_cached:num_full]),
-                parent_block_hash=parent_hash(blocks, num_cached),
+                block_hashes=tuple(stored), parent_block_hash=parent,
                 token_ids=tuple(request.all_token_ids[num_cached * block_size:
                                                       num_full * block_size]),
                 block_size=block_size, lora_id=self.announced_adapter(request)))
@@ -224,7 +231,8 @@ class BlockPool:
 
 
 def parent_hash(blocks: list[Block], num_cached: int) -> BlockHash | None:
-    """The hash of the page before the newly indexed ones, as that page is indexed now.
+    """The hash of the page before the newly indexed ones, as that page is indexed now (up
+    to 0.13.0; later releases take the request's own hash of that page).
 
     That page must be indexed: a null page that took its place and was never
     indexed fails the check (sliding windows, quirks.NULL_PAGE_CACHED).

@@ -99,6 +99,15 @@ class KVCacheManager:
                                                        request.num_tokens))
         return new_blocks
 
+    def can_fit_whole_sequence(self, request: Request, hits: PerGroup | None) -> bool:
+        """Whether the free pages would hold every token of the request (capped at
+        ``max_model_len``) beyond its prefix hit, counted as ``allocate_slots`` counts
+        (no lookahead); nothing is allocated."""
+        num_tokens = min(request.num_tokens, self.max_model_len)
+        needed = self.coordinator.pages_to_allocate(request.request_id, num_tokens,
+                                                    hits or self.coordinator.empty())
+        return needed <= self.pool.num_free_blocks()
+
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Cache the request's pages that ``num_computed_tokens`` fill (a finished load)."""
         if self.enable_caching:

@@ -52,7 +52,13 @@ class KVConnector(Protocol):
 
 
 def tokens_after_load(num_pages: int, block_size: int, num_tokens: int) -> int:
-    """The computed count of a request whose asynchronous load is done: every token its
-    pages cover, capped at its tokens, and the last token is always computed again."""
-    computed = min(num_pages * block_size, num_tokens)
+    """The computed count of a request whose asynchronous load is done (up to 0.17.1):
+    every token its pages cover, capped at its tokens, and the last token is always
+    computed again."""
+    return last_token_computed_again(min(num_pages * block_size, num_tokens), num_tokens)
+
+
+def last_token_computed_again(computed: int, num_tokens: int) -> int:
+    """A load that covers every token leaves the last one to compute: its logits give
+    the next token."""
     return computed - 1 if computed == num_tokens else computed

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 #: The releases whose rules the reference states, oldest first.
-RELEASES = ("0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0")
+RELEASES = ("0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0", "0.14.0", "0.14.1", "0.15.0",
+            "0.15.1", "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0")
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,56 @@ CHANGES: tuple[RuleChange, ...] = (
         "so the extra position 0.11.0 schedules after a request's last token is no longer "
         "scheduled (the request is not known to have stopped when the next batch is "
         "scheduled, but it cannot need another token)."),
+    RuleChange(
+        "set_aside_order_kept", "0.14.0", "",
+        "Under fcfs, the requests set aside in a step come back to the head of the waiting "
+        "queue in the order they were set aside: the queue now reverses them as it puts them "
+        "back, undoing the reversal of quirks.SKIPPED_WAITING_REQUESTS_REVERSED."),
+    RuleChange(
+        "null_pages_never_cached", "0.14.0", "",
+        "Caching full pages passes over null pages, so a sliding-window page that left "
+        "the window before it was cached is never indexed (quirks.NULL_PAGE_CACHED is "
+        "gone).  A BlockStored event lists the hashes of the pages really indexed, and its "
+        "parent is the request's hash of the page before, whatever page stands there."),
+    RuleChange(
+        "connector_told_whole_table", "0.16.0", "",
+        "After an allocation the KV connector is told every page of the request's table "
+        "(get_blocks), not only its prefix-hit pages and the pages just added, so a request "
+        "whose asynchronous load is done hears of its loaded pages again when it is "
+        "admitted."),
+    RuleChange(
+        "grammar_rows_skip_prefill_chunks", "0.17.0", "",
+        "Structured output: a constrained request whose step leaves part of its known "
+        "tokens uncomputed (a prefill chunk: it samples nothing) gets no bitmask row and no "
+        "index; only requests that sample this step are listed."),
+    RuleChange(
+        "set_aside_requests_wait_apart", "0.18.0", "",
+        "Requests set aside in a step (waiting for a grammar or a KV load, turned away by "
+        "the LoRA slots, not fitting whole with chunked prefill off, ...) and new requests "
+        "that cannot run yet (grammar not ready) wait in a second queue "
+        "(skipped_waiting) instead of going back to the head of the waiting queue.  Under "
+        "fcfs that queue is served first; under priority the better of the two heads is "
+        "taken.  So a request preempted after others were set aside now comes after them."),
+    RuleChange(
+        "async_load_counts_tokens_at_once", "0.18.0", "",
+        "A request whose KV cache loads asynchronously counts its hit and loaded tokens as "
+        "computed from the step the load starts (0.11.0: zero until the load is done).  "
+        "Once done it keeps that count (less the last token when it covers every token), "
+        "and its pages are cached for the whole count, not for every token its pages "
+        "cover."),
+    RuleChange(
+        "admission_reserves_whole_sequence", "0.19.0", "#37307",
+        "A waiting request is admitted only when the free pages would hold all its tokens "
+        "(capped at max_model_len) beyond its prefix hit, not only the tokens of its first "
+        "chunk; when they would not, the waiting part of the step ends.  vLLM's "
+        "scheduler_reserve_full_isl, on by default.  A prompt longer than the whole pool is "
+        "therefore never admitted."),
+    RuleChange(
+        "mm_hash_keys_carry_the_offset", "0.19.0", "",
+        "A multimodal item enters a block's key as its content hash and its offset from the "
+        "block's start, and an item that ends exactly where a block starts no longer touches "
+        "that block (half of quirks.MM_HASH_ON_BLOCK_AFTER_A_LATER_HASHING is gone; a later "
+        "hashing still looks at the last item only)."),
 )
 
 _BY_NAME = {c.name: c for c in CHANGES}

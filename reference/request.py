@@ -51,6 +51,8 @@ class Request:
     pooling: bool = False  # a pooling request (an embedding): no sampling at all
     # Set when prefix caching is on: keys are kept for every full block.
     hash_block_size: int | None = None
+    # From 0.19.0 (mm_hash_keys_carry_the_offset) an item's key holds its place in the block.
+    mm_keys_with_offset: bool = False
 
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
@@ -73,7 +75,8 @@ class Request:
 
     @property
     def hash_inputs(self) -> HashInputs:
-        return HashInputs(self.lora_id, self.cache_salt, self.encoder_inputs)
+        return HashInputs(self.lora_id, self.cache_salt, self.encoder_inputs,
+                          self.mm_keys_with_offset)
 
     @property
     def num_tokens(self) -> int:

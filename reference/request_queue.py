@@ -33,9 +33,10 @@ class FcfsQueue:
     def prepend(self, request: Request) -> None:
         self._q.appendleft(request)
 
-    def prepend_all(self, other: "FcfsQueue") -> None:
-        """Put ``other`` in front of this queue, keeping ``other``'s order."""
-        self._q.extendleft(reversed(other._q))
+    def prepend_all(self, other: "FcfsQueue", reverse: bool = False) -> None:
+        """Put ``other`` in front of this queue, in ``other``'s order (up to 0.13.0) or in
+        reverse (0.14.0 and later)."""
+        self._q.extendleft(other._q if reverse else reversed(other._q))
 
     def remove_all(self, requests: Iterable[Request]) -> None:
         gone = set(requests)
@@ -67,7 +68,7 @@ class PriorityQueue:
 
     prepend = add
 
-    def prepend_all(self, other: "PriorityQueue") -> None:
+    def prepend_all(self, other: "PriorityQueue", reverse: bool = False) -> None:
         for entry in other._heap:
             self.add(entry[-1])
 
@@ -84,6 +85,11 @@ class PriorityQueue:
 
 
 RequestQueue = FcfsQueue | PriorityQueue
+
+
+def runs_before(a: Request, b: Request) -> bool:
+    """vLLM's order of requests: priority, then arrival, then request id."""
+    return (a.priority, a.arrival_time, a.request_id) < (b.priority, b.arrival_time, b.request_id)
 
 
 def make_queue(policy: str) -> RequestQueue:

@@ -30,12 +30,12 @@ from reference.config import Config
 from reference.encoder_cache import EncoderCacheManager, encoder_budgets
 from reference.encoder_inputs import free_encoder_inputs, try_schedule_encoder_inputs
 from reference.kv_cache_manager import KVCacheManager, block_ids
-from reference.kv_connector import KVConnector, tokens_after_load
+from reference.kv_connector import KVConnector, last_token_computed_again, tokens_after_load
 from reference.kv_events import KVEvent
 from reference.lora import AdapterSlots
 from reference.output import CachedRequestData, NewRequestData, SchedulerOutput
 from reference.request import Request, RequestStatus, check_pooled, check_stop
-from reference.request_queue import RequestQueue, make_queue
+from reference.request_queue import RequestQueue, make_queue, runs_before
 from reference.stats import SchedulerStats, SpecDecodingStats
 from reference.structured_output import grammar_batch
 
@@ -83,6 +83,9 @@ class Scheduler:
         self.encoder_cache = EncoderCacheManager(cache_size)
         self.requests: dict[str, Request] = {}
         self.waiting = make_queue(config.policy)
+        # From 0.18.0 (set_aside_requests_wait_apart): requests set aside, and new ones that
+        # cannot run yet, wait in a queue of their own (vLLM's skipped_waiting).
+        self.set_aside_queue = make_queue(config.policy)
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()
         # KV cache events, one batch per step that had any (vLLM's publisher).
@@ -103,11 +106,20 @@ class Scheduler:
     # -- requests in and out ---------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
-        self.waiting.add(request)
+        if self.waits_apart() and request.status == RequestStatus.WAITING_FOR_FSM:
+            self.set_aside_queue.add(request)  # it cannot run before its grammar is ready
+        else:
+            self.waiting.add(request)
         self.requests[request.request_id] = request
 
+    def waits_apart(self) -> bool:
+        return self.config.has("set_aside_requests_wait_apart")
+
+    def num_waiting(self) -> int:
+        return len(self.waiting) + len(self.set_aside_queue)
+
     def num_unfinished(self) -> int:
-        return len(self.waiting) + len(self.running)
+        return self.num_waiting() + len(self.running)
 
     def has_requests(self) -> bool:
         """Anything for a step to do: unfinished requests, or finished ones the worker
@@ -120,7 +132,9 @@ class Scheduler:
                  if r in self.requests and not self.abort_passes_over(self.requests[r])]
         leaving_running = {r for r in found if r.status == RequestStatus.RUNNING}
         self.running = [r for r in self.running if r not in leaving_running]
-        self.waiting.remove_all(r for r in found if r not in leaving_running)
+        leaving_waiting = [r for r in found if r not in leaving_running]
+        self.waiting.remove_all(leaving_waiting)
+        self.set_aside_queue.remove_all(leaving_waiting)
         for request in found:
             request.status = status
             self._free_request(request)
@@ -339,18 +353,19 @@ class Scheduler:
 
     def _schedule_waiting(self, plan: StepPlan) -> None:
         set_aside = make_queue(self.config.policy)
-        while len(self.waiting) and plan.token_budget > 0:
+        while self.num_waiting() and plan.token_budget > 0:
             if not self.has_free_seat():
                 break
-            request = self.waiting.peek()
+            queue = self.next_waiting_queue()
+            request = queue.peek()
             if (self.waits_for_remote_kv(request) or self.waits_for_grammar(request)
                     or plan.adapters.turns_away(request)):
-                self.set_aside(set_aside, self.waiting.pop())
+                self.set_aside(set_aside, queue.pop())
                 continue
             hit, num_hit, num_computed = self._lookup_prefix(request)
             external = self.external_hit(request, num_hit)
             if external is None:  # the connector cannot tell yet
-                self.set_aside(set_aside, self.waiting.pop())
+                self.set_aside(set_aside, queue.pop())
                 continue
             num_external, load_async = external
             num_computed += num_external
@@ -362,13 +377,15 @@ class Scheduler:
                 if num_new is None:
                     if self.config.has("chunked_off_stops_at_first_misfit"):
                         break  # 0.12.0 and later: the requests behind it wait too
-                    self.set_aside(set_aside, self.waiting.pop())
+                    self.set_aside(set_aside, queue.pop())
                     continue
                 assert num_new > 0
                 encode, num_new, encoder_budget = self.encoder_grant(request, num_computed,
                                                                      num_new, plan)
                 if num_new == 0:
                     break  # its next item cannot be encoded now: the waiting part ends
+            if not self.fits_whole_sequence(request, hit):
+                break
             new_blocks = self.kv.allocate_slots(request, num_new + num_external, num_hit, hit,
                                                 self.admission_lookahead(request),
                                                 delay_caching=load_async)
@@ -377,12 +394,27 @@ class Scheduler:
             self.tell_connector_pages(request, hit, new_blocks, num_external)
             if load_async:
                 request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
-                self.set_aside(set_aside, self.waiting.pop())
+                if self.config.has("async_load_counts_tokens_at_once"):
+                    request.num_computed_tokens = num_computed
+                self.set_aside(set_aside, queue.pop())
                 continue
-            self._admit(self.waiting.pop(), num_new, num_computed, plan)
+            self._admit(queue.pop(), num_new, num_computed, plan)
             self._encode(request, encode, encoder_budget, plan)
         if len(set_aside):
-            self.waiting.prepend_all(set_aside)
+            (self.set_aside_queue if self.waits_apart() else self.waiting).prepend_all(
+                set_aside, reverse=self.config.has("set_aside_order_kept"))
+
+    def next_waiting_queue(self) -> RequestQueue:
+        """Where the next waiting request comes from.  Up to 0.17.1 there is one queue (the
+        set-aside requests went back to its head).  From 0.18.0 the set-aside queue comes
+        first under fcfs; under priority the better of the two heads wins."""
+        if not len(self.set_aside_queue):
+            return self.waiting
+        if not len(self.waiting) or self.config.policy == "fcfs":
+            return self.set_aside_queue
+        return self.waiting if runs_before(self.waiting.peek(), self.set_aside_queue.peek()) \
+            else self.set_aside_queue
+
 
     # -- a KV connector (reference.kv_connector) -------------------------------------------
 
@@ -398,10 +430,19 @@ class Scheduler:
         return False
 
     def _take_loaded_tokens(self, request: Request) -> None:
-        (block_ids,) = self.kv.get_block_ids(request.request_id)
-        computed = tokens_after_load(len(block_ids), self.config.block_size, request.num_tokens)
-        self.kv.cache_blocks(request, computed)
-        request.num_computed_tokens = computed
+        """Up to 0.17.1 the loaded tokens are every token the request's pages cover; from
+        0.18.0 (async_load_counts_tokens_at_once) the count set when the load started,
+        whose pages are cached before its last token is taken back."""
+        if self.config.has("async_load_counts_tokens_at_once"):
+            self.kv.cache_blocks(request, request.num_computed_tokens)
+            request.num_computed_tokens = last_token_computed_again(request.num_computed_tokens,
+                                                                    request.num_tokens)
+        else:
+            (block_ids,) = self.kv.get_block_ids(request.request_id)
+            computed = tokens_after_load(len(block_ids), self.config.block_size,
+                                         request.num_tokens)
+            self.kv.cache_blocks(request, computed)
+            request.num_computed_tokens = computed
         self.finished_recving.remove(request.request_id)
 
     def external_hit(self, request: Request, num_hit: int) -> tuple[int, bool] | None:
@@ -417,11 +458,17 @@ class Scheduler:
 
     def tell_connector_pages(self, request: Request, hit, new_blocks, num_external: int) -> None:
         """The connector learns the request's pages (hit pages first) right after they are
-        given, and how many of its tokens come from outside."""
-        if self.connector is not None:
+        given, and how many of its tokens come from outside.  From 0.16.0
+        (connector_told_whole_table) it is told the request's whole table, so a request
+        whose load is done hears of its loaded pages again when it is admitted."""
+        if self.connector is None:
+            return
+        if self.config.has("connector_told_whole_table"):
+            pages = self.kv.get_block_ids(request.request_id)[0]
+        else:
             pages = [b.block_id for b in hit[0]] if hit else []
             pages += [b.block_id for b in new_blocks[0]]
-            self.connector.update_state_after_alloc(request, pages, num_external)
+        self.connector.update_state_after_alloc(request, pages, num_external)
 
     def take_transfers(self, finished_recving, finished_sending) -> None:
         """The worker's report: loads done (the requests may run from the next step) and
@@ -442,6 +489,13 @@ class Scheduler:
             request.status = RequestStatus.WAITING
             return False
         return True
+
+    def fits_whole_sequence(self, request: Request, hit) -> bool:
+        """From 0.19.0 (admission_reserves_whole_sequence) a waiting request is admitted
+        only when the free pages would hold all its tokens, not only the step's; when they
+        would not, the waiting part of the step ends, as when allocation fails."""
+        return (not self.config.has("admission_reserves_whole_sequence")
+                or self.kv.can_fit_whole_sequence(request, hit))
 
     def has_free_seat(self) -> bool:
         """At most ``max_num_seqs`` requests run at once."""
@@ -481,7 +535,8 @@ class Scheduler:
     def set_aside(self, set_aside: RequestQueue, request: Request) -> None:
         """A request set aside goes to the head of the set-aside queue, so under fcfs
         several set aside in one step come back reversed
-        (quirks.SKIPPED_WAITING_REQUESTS_REVERSED)."""
+        (quirks.SKIPPED_WAITING_REQUESTS_REVERSED) -- until 0.14.0, whose queue reverses
+        them again as it puts them back (set_aside_order_kept)."""
         set_aside.prepend(request)
         self.emit(events.SetAside(request.request_id))
 
@@ -527,8 +582,16 @@ class Scheduler:
         batch; from 0.11.1 (grammar_rows_in_grant_order) in the order tokens were granted."""
         if self.config.has("grammar_rows_in_grant_order"):
             granted = [self.requests[rid] for rid in plan.num_scheduled_tokens]
+            if self.config.has("grammar_rows_skip_prefill_chunks"):
+                granted = [r for r in granted if not self.is_prefill_chunk(r, plan)]
             return grammar_batch(granted, plan.spec_tokens, index_among_constrained=True)
         return grammar_batch(self.worker_batch(plan), plan.spec_tokens)
+
+    def is_prefill_chunk(self, request: Request, plan: StepPlan) -> bool:
+        """The step leaves part of the request's known tokens uncomputed: it samples nothing
+        (from 0.17.0 such a request gets no bitmask row, grammar_rows_skip_prefill_chunks)."""
+        computed = request.num_computed_tokens + plan.num_scheduled_tokens[request.request_id]
+        return computed < request.num_tokens + request.num_output_placeholders
 
     def worker_batch(self, plan: StepPlan) -> list[Request]:
         """The step's requests in the worker's batch order: new, running, resumed."""
@@ -586,6 +649,7 @@ class Scheduler:
             self.running = [r for r in self.running if r not in gone]
         if stopped_waiting:
             self.waiting.remove_all(stopped_waiting)
+            self.set_aside_queue.remove_all(stopped_waiting)
         if self.connector is not None:
             self.take_transfers(finished_recving, finished_sending)
         if self.config.has("kv_events_published_after_update"):
@@ -595,7 +659,7 @@ class Scheduler:
     def make_stats(self, spec_decoding: SpecDecodingStats | None) -> SchedulerStats:
         """The report that ends every update: the queues' lengths after it, the pool's
         usage, the prefix-cache lookups since the last report and this step's drafts."""
-        return SchedulerStats(len(self.running), len(self.waiting), self.kv.usage(),
+        return SchedulerStats(len(self.running), self.num_waiting(), self.kv.usage(),
                               self.kv.take_prefix_cache_stats(), spec_decoding)
 
     def _take_back_rejected(self, request: Request, drafts: list[int], tokens: list[int]) -> None:

@@ -21,6 +21,40 @@ def test_bad_release_numbers_are_refused(version, capsys):
     assert len(err) == 1 and err[0].startswith("error: VLLM: ")
 
 
+@pytest.mark.parametrize("args, message", [
+    (["0.19.0", "--from", "0.10.0"], "FROM: the reference does not describe vLLM 0.10.0"),
+    (["0.12.0", "--from", "0.13.0"], "FROM: 0.13.0 is not older than VLLM=0.12.0"),
+    (["0.19.0", "no-such-folder"], "no-such-folder: not a folder of streams"),
+])
+def test_bad_from_or_streams_folder_is_one_line_exit_2(args, message, capsys):
+    assert main(["upgrade-check", *args]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {message}")
+
+
+def test_a_bad_stream_of_the_users_folder_is_refused_before_any_download(tmp_path, capsys,
+                                                                        monkeypatch):
+    (tmp_path / "mine.json").write_text('{"config": {"block_size": 0}, "requests": []}')
+    monkeypatch.setattr(upgrade_check, "ensure_overlay", lambda *a, **k: pytest.fail("downloaded"))
+    assert main(["upgrade-check", "0.19.0", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err and all(line.startswith(f"error: {tmp_path / 'mine.json'}: ") for line in err)
+    assert any("config.block_size" in line for line in err)
+
+
+@pytest.mark.needs_vllm
+def test_an_upgrade_from_a_later_release_turns_its_changes_over():
+    """From 0.11.1, a change 0.11.1 has is tried by taking it away, one it lacks by adding it."""
+    from harness.upgrade import Checker
+    from reference import releases
+    checker = Checker("0.13.0", old="0.11.1")
+    assert checker.base.rules == releases.rules_of("0.11.1")
+    capped = checker.base_with({"running_tokens_capped_by_max_tokens"}).rules
+    assert "running_tokens_capped_by_max_tokens" not in capped
+    stops = checker.base_with({"chunked_off_stops_at_first_misfit"}).rules
+    assert stops == releases.rules_of("0.11.1") | {"chunked_off_stops_at_first_misfit"}
+
+
 @pytest.mark.parametrize("version", ["0.12.0", "0.11.2", "0.10.1.post1", "1.0.0rc1"])
 def test_release_numbers_are_accepted(version):
     assert sideenv.check_version(version) == version
@@ -154,15 +188,14 @@ def test_a_release_the_engine_fails_on_is_listed_as_not_drivable(tmp_path):
 
 
 @pytest.mark.needs_vllm
-def test_a_crash_the_old_release_had_too_is_the_same_not_could_not_run(tmp_path, monkeypatch):
+def test_a_crash_the_old_release_had_too_is_the_same_not_could_not_run(tmp_path):
     """vLLM crashing on a quirk's stream as 0.11.0 did is behaviour the check compares:
     the installed 0.11.0 against its own recorded traces gives "same"."""
     from harness import upgrade
     from harness.paths import STREAMS_DIR
     for name in ("sliding_window_null_page_cached", "lora_slots_overfilled_after_a_skip"):
         (tmp_path / f"{name}.json").write_text((STREAMS_DIR / f"{name}.json").read_text())
-    monkeypatch.setattr(upgrade, "STREAMS_DIR", tmp_path)
-    results = upgrade.check_bundled(upgrade.Checker("0.11.0"), {})
+    results = upgrade.check_bundled(upgrade.Checker("0.11.0"), {}, tmp_path)
     assert [(r.name, r.outcome, r.conforms) for r in results] == [
         ("lora_slots_overfilled_after_a_skip", upgrade.SAME, True),
         ("sliding_window_null_page_cached", upgrade.SAME, True)]

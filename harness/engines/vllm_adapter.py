@@ -509,10 +509,11 @@ class VllmEngine:
                 self._observed.preempted.append(request.request_id)
             return real_free(request)
 
-        def get_computed_blocks(request):
-            blocks, n = real_lookup(request)
-            self._observed.hits[request.request_id] = n
-            return blocks, n
+        def get_computed_blocks(request, *args, **kwargs):
+            # (pages, hit tokens), and from 0.34.0 a third value (a shared-prefix boundary)
+            found = real_lookup(request, *args, **kwargs)
+            self._observed.hits[request.request_id] = found[1]
+            return found
 
         def maybe_evict(block):
             evicted = real_evict(block)
@@ -676,7 +677,8 @@ class VllmEngine:
 
     def state(self, req_id: str) -> RequestState:
         r = self.requests[req_id]
-        return RequestState(status=r.status.name, num_computed_tokens=r.num_computed_tokens,
+        return RequestState(status=compat.status_name(r.status),
+                            num_computed_tokens=r.num_computed_tokens,
                             num_output_tokens=r.num_output_tokens,
                             num_output_placeholders=r.num_output_placeholders)
 

@@ -21,6 +21,7 @@ difference was first seen; ``DETECTED`` lists the ones this vLLM needed.
 | ``SpeculativeConfig.uses_draft_model()`` | not read | read by the scheduler (0.15.0) |
 | ``BlockTable.compute_slot_mapping`` | numpy on the CPU | a Triton kernel over the whole batch, taking tensors (0.19.0): see :func:`slot_mapping` |
 | ``FullAttentionSpec.max_memory_usage_bytes`` reads | ``decode_context_parallel_size`` | also ``prefill_context_parallel_size`` (0.12.0) |
+| ``RequestStatus.WAITING_FOR_FSM`` | its name | ``WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR`` (0.19.0): traced under the old name |
 | ``Request(structured_output_request=)`` | given by the caller | built from ``SamplingParams`` (0.11.1) |
 | structured-output ids and bitmask | in ``SchedulerOutput`` (a dict: batch index) | ``Scheduler.get_grammar_bitmask()`` after ``schedule()`` (a list, 0.11.1) |
 """
@@ -41,7 +42,10 @@ from harness.engines import vllm_env  # noqa: F401  (before vLLM is imported)
 from vllm.config import CacheConfig, SchedulerConfig
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import ModelRunnerOutput
-from vllm.v1.worker.block_table import BlockTable
+try:
+    from vllm.v1.worker.block_table import BlockTable
+except ImportError:  # 0.34.0: only the model runner v2's tables are left
+    BlockTable = None
 
 try:
     from vllm.utils import get_hash_fn_by_name
@@ -118,6 +122,8 @@ def scheduler_kwargs(vllm_config) -> dict[str, Any]:
 
 
 def block_table_kwargs(block_size: int) -> dict[str, Any]:
+    if BlockTable is None:
+        return {}
     params = _params(BlockTable.__init__)
     out: dict[str, Any] = {}
     if "kernel_block_size" in params:
@@ -152,20 +158,52 @@ def request_eos_kwargs(params, eos_token_id: int | None) -> dict[str, Any]:
 
 
 #: 0.19.0 and later: the slot mapping is a Triton kernel over the batch (``query_start_loc``).
-SLOTS_BY_KERNEL = "query_start_loc" in _params(BlockTable.compute_slot_mapping)
+SLOTS_BY_KERNEL = BlockTable is None or "query_start_loc" in _params(BlockTable.compute_slot_mapping)
 #: With ``HARNESS_SLOT_KERNEL=verify`` every slot mapping of a kernel release is also run
 #: through vLLM's own kernel under Triton's interpreter, and a difference stops the run.
 VERIFY_SLOT_KERNEL = "HARNESS_SLOT_KERNEL"
 
 
 def cpu_block_table(block_size: int, max_num_reqs: int, max_num_blocks_per_req: int,
-                    max_num_batched_tokens: int) -> BlockTable:
-    """vLLM's worker ``BlockTable`` for one KV cache group, on the CPU."""
+                    max_num_batched_tokens: int):
+    """vLLM's worker block table for one KV cache group, on the CPU: the model runner's
+    ``BlockTable``, or from 0.34.0 (where it is gone) the CPU model runner v2's
+    ``CPUBlockTables`` behind the same ``add_row``/``append_row``."""
     import torch
+    if BlockTable is None:
+        return _CpuBlockTablesRows(block_size, max_num_reqs, max_num_blocks_per_req,
+                                   max_num_batched_tokens)
     return BlockTable(block_size=block_size, max_num_reqs=max_num_reqs,
                       max_num_blocks_per_req=max_num_blocks_per_req,
                       max_num_batched_tokens=max_num_batched_tokens, pin_memory=False,
                       device=torch.device("cpu"), **block_table_kwargs(block_size))
+
+
+class _CpuBlockTablesRows:
+    """0.34.0: one group's rows in the CPU model runner v2's ``CPUBlockTables``, written by
+    its own ``append_block_ids`` (a new or resumed request's table overwrites its row)."""
+
+    def __init__(self, block_size: int, max_num_reqs: int, max_num_blocks: int,
+                 max_num_batched_tokens: int):
+        import torch
+        from vllm.v1.worker.cpu.block_table import CPUBlockTables
+        _note("CPUBlockTables of the model runner v2")
+        self.block_size = block_size
+        self.tables = CPUBlockTables([block_size], max_num_reqs, max_num_batched_tokens,
+                                     [max_num_blocks], torch.device("cpu"))
+
+    def add_row(self, block_ids: list[int], row: int) -> None:
+        self.tables.append_block_ids(row, (block_ids,), overwrite=True)
+
+    def append_row(self, block_ids: list[int], row: int) -> None:
+        self.tables.append_block_ids(row, (block_ids,), overwrite=False)
+
+    def pages(self, row: int):
+        return self.tables.block_tables_np[0][row]
+
+
+def _row_pages(table, row: int):
+    return table.pages(row) if isinstance(table, _CpuBlockTablesRows) else table.block_table.np[row]
 
 
 def slot_mapping(table, row: int, first_position: int, num_tokens: int) -> list[int]:
@@ -181,17 +219,19 @@ def slot_mapping(table, row: int, first_position: int, num_tokens: int) -> list[
     ``BlockTable``): slot = page * block_size + position % block_size.  That this is the
     kernel's answer is checked, not assumed: with ``HARNESS_SLOT_KERNEL=verify`` the
     kernel itself also runs, under Triton's interpreter (:func:`_interpreted_slots`), and
-    ``upgrade-report`` runs the bundled streams so; ``tests/test_vllm_compat.py`` checks
-    the rule against the numpy path of the installed release.
+    ``upgrade-report`` runs the bundled streams so; ``tests/test_upgrade.py`` checks
+    the rule against the numpy path of the installed release.  0.34.0 has no such
+    kernel to interpret (its CPU runner calls a compiled op, its GPU runner a kernel of
+    another shape), so there the rule is not checked against vLLM.
     """
     if not SLOTS_BY_KERNEL:
         positions = np.arange(first_position, first_position + num_tokens, dtype=np.int64)
         table.compute_slot_mapping(np.full(num_tokens, row, dtype=np.int64), positions)
         return table.slot_mapping.np[:num_tokens].tolist()
     _note("slot mapping by a Triton kernel: the kernel's rule on vLLM's block table")
-    slots = slots_from_block_table(table.block_table.np[row], table.block_size,
+    slots = slots_from_block_table(_row_pages(table, row), table.block_size,
                                    first_position, num_tokens)
-    if os.environ.get(VERIFY_SLOT_KERNEL) == "verify":
+    if os.environ.get(VERIFY_SLOT_KERNEL) == "verify" and BlockTable is not None:
         by_kernel = _interpreted_slots(table, row, first_position, num_tokens)
         if by_kernel != slots:
             raise AssertionError(f"slot mapping of row {row}: vLLM's kernel gives {by_kernel}, "
@@ -265,6 +305,18 @@ def multimodal_while_sizing(model_config, images: bool):
         yield
     finally:
         model_config.multimodal_config = None
+
+
+#: Request statuses renamed by later releases, under their 0.11.0 names (the trace's).
+_STATUS_NAMES = {"WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR": "WAITING_FOR_FSM"}  # 0.19.0
+
+
+def status_name(status) -> str:
+    name = status.name
+    if name in _STATUS_NAMES:
+        _note(f"RequestStatus.{name}")
+        return _STATUS_NAMES[name]
+    return name
 
 
 def resumed_flags(cached) -> list[bool]:

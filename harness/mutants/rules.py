@@ -889,14 +889,14 @@ def _outputs_not_accepted(self, tokens):
 @mutant("mm_hash_not_in_block_hash", "the content hashes of the items a block touches are "
         "extra keys of the block", KV_CACHE_UTILS, replaces=(rhash, "mm_keys"),
         applies=encoder_and_caching)
-def _no_mm_keys(items, start, end, item):
+def _no_mm_keys(items, start, end, item, with_offset=False):
     return (), item
 
 
 @mutant("mm_item_ending_at_block_start_skipped", "an item ending exactly where a block starts "
         "counts as touching it", KV_CACHE_UTILS, replaces=(rhash, "ended_before"),
         quirk="MM_HASH_ON_BLOCK_AFTER_A_LATER_HASHING", applies=encoder_and_caching)
-def _ended_at_or_before(item, start):
+def _ended_at_or_before(item, start, with_offset=False):
     return start >= item.offset + item.length
 
 
@@ -1330,6 +1330,14 @@ _CHANGE_MODULES = {
     "abort_skips_finished_requests": SCHEDULER,
     "kv_events_published_after_update": SCHEDULER,
     "async_skips_requests_at_max_tokens": SCHEDULER,
+    "admission_reserves_whole_sequence": SCHEDULER,
+    "set_aside_requests_wait_apart": SCHEDULER,
+    "connector_told_whole_table": SCHEDULER,
+    "null_pages_never_cached": BLOCK_POOL,
+    "set_aside_order_kept": "vllm/v1/core/sched/request_queue.py",
+    "grammar_rows_skip_prefill_chunks": SCHEDULER,
+    "async_load_counts_tokens_at_once": SCHEDULER,
+    "mm_hash_keys_carry_the_offset": KV_CACHE_UTILS,
 }
 
 
@@ -1355,6 +1363,10 @@ _CHANGE_APPLIES = {
     # the_trace once it drew every property's streams; it said async scheduling only).
     "kv_events_published_after_update": lambda s: batch_queue(s) and s.config.kv_cache_events,
     "async_skips_requests_at_max_tokens": async_scheduling,
+    "mm_hash_keys_carry_the_offset": encoder_and_caching,
+    "async_load_counts_tokens_at_once": connector_async,
+    "connector_told_whole_table": connector,
+    "null_pages_never_cached": lambda s: sliding_caching(s) or chunked_local_caching(s),
 }
 
 for _change in releases.CHANGES:
