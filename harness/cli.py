@@ -359,6 +359,11 @@ def cmd_upgrade_report(ns) -> int:
                   record=not ns.no_record, old=ns.old, streams=streams)
 
 
+def cmd_changelog(ns) -> int:
+    from harness.changelog import main as changelog_main
+    return changelog_main()
+
+
 def cmd_bench(ns) -> int:
     from harness.bench import main as bench_main
     output = None
@@ -587,6 +592,10 @@ def build_parser() -> argparse.ArgumentParser:
         u.add_argument("--no-record", action="store_true",
                        help="do not record the bundled streams' traces into fixtures/traces/")
         u.set_defaults(func=func)
+
+    cl = sub.add_parser("changelog", help="write docs/upgrades/changelog.md: vLLM's scheduling "
+                                          "rules release by release, from reference/releases.py")
+    cl.set_defaults(func=cmd_changelog)
 
     b = sub.add_parser("bench", help="what checking costs: six figures against their targets, "
                                      "written to docs/performance.md with a plot")

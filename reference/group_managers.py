@@ -51,15 +51,31 @@ class GroupManager:
 
     # -- how many pages ------------------------------------------------------------
 
-    def pages_to_allocate(self, request_id: str, num_tokens: int, hit: list[Block]) -> int:
+    def pages_to_allocate(self, request_id: str, num_tokens: int, hit: list[Block],
+                          num_computed_tokens: int = 0) -> int:
         """Pages to take from the free queue for ``num_tokens`` slots in all.
 
-        May be negative: a table can be longer than needed once rejected drafts
-        are taken back.  Prefix-hit pages sitting in the free queue count, since
-        taking them shrinks the free queue too.
+        Up to 0.13.0 the count may be negative (a table can be longer than needed
+        once rejected drafts are taken back), and the groups' counts are added up.
+        Prefix-hit pages sitting in the free queue count, since taking them shrinks
+        the free queue too.  From 0.14.0 (window_hits_skipped_at_admission) a group
+        never counts below zero, and a new request's hit pages that lie before the
+        window of its ``num_computed_tokens`` (hit and loaded) are neither needed nor
+        taken.
         """
         needed = cdiv(self.slots_needed(num_tokens), self.block_size)
-        return needed - len(hit) - len(self.table(request_id)) + self.free_hit_pages(hit)
+        table = self.table(request_id)
+        if not self.has("window_hits_skipped_at_admission"):
+            return needed - len(hit) - len(table) + self.free_hit_pages(hit)
+        if request_id in self.num_cached_block:  # running: no new hit
+            return max(needed - len(table), 0)
+        skipped = self.num_skipped_tokens(num_computed_tokens) // self.block_size
+        new = max(needed - max(skipped, len(hit) + len(table)), 0)
+        return new + self.free_hit_pages(hit[max(0, skipped - len(table)):])
+
+    def num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """Leading tokens the next token no longer attends to: none for full attention."""
+        return 0
 
     def slots_needed(self, num_tokens: int) -> int:
         return num_tokens
@@ -70,15 +86,28 @@ class GroupManager:
 
     # -- growing a table -------------------------------------------------------------
 
-    def save_hit(self, request_id: str, hit: list[Block]) -> None:
-        """A newly admitted request starts its table with its prefix-hit pages."""
+    def save_hit(self, request_id: str, hit: list[Block], num_computed_tokens: int = 0) -> None:
+        """A newly admitted request starts its table with its prefix-hit pages.
+
+        From 0.14.0 (window_hits_skipped_at_admission) the hit pages before the window
+        of the ``num_computed_tokens`` are not taken: null pages stand in their place,
+        and the pages stay where they are in the free queue.  The rest are touched here.
+        """
         if request_id in self.num_cached_block:
             assert not hit, "a running request cannot gain prefix hits"
             return
         table = self.table(request_id)
         assert not table
+        if self.has("window_hits_skipped_at_admission"):
+            skipped = self.num_skipped_tokens(num_computed_tokens) // self.block_size
+            hit = [self.pool.null_block] * skipped + self.touched(hit[skipped:])
         table.extend(hit)
-        self.num_cached_block[request_id] = len(hit)
+        self.num_cached_block[request_id] = len(table)
+
+    def touched(self, hit: list[Block]) -> list[Block]:
+        if self.pool.enable_caching:
+            self.pool.touch(hit)
+        return hit
 
     def grow(self, request_id: str, num_tokens: int) -> list[Block]:
         """Append new pages until the table has slots for ``num_tokens`` tokens."""
@@ -121,7 +150,7 @@ class GroupManager:
         """
         table = self.table(request_id)
         removed = []
-        for i in range(first_kept - 1, -1, -1):
+        for i in range(min(first_kept, len(table)) - 1, -1, -1):
             if table[i] is self.pool.null_block:
                 break
             removed.append(table[i])
@@ -200,8 +229,12 @@ class SlidingWindowManager(GroupManager):
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         """Pages whose tokens all lie before the window of the next token are given back."""
-        first_in_window = num_computed_tokens - self.spec.sliding_window + 1
-        self.null_out_before(request_id, first_in_window // self.block_size)
+        self.null_out_before(request_id,
+                             self.num_skipped_tokens(num_computed_tokens) // self.block_size)
+
+    def num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """The next token sees the ``sliding_window`` tokens ending at it."""
+        return max(0, num_computed_tokens - self.spec.sliding_window + 1)
 
 
 def window_pages(spec: KVCacheSpec) -> int:
@@ -238,13 +271,15 @@ class ChunkedLocalAttentionManager(GroupManager):
         0.11.0 keeps the last cached page even so (its hash is the parent of
         the next page's); from 0.11.1 it goes too.
         """
-        chunk_start = num_computed_tokens // self.spec.attention_chunk_size \
-            * self.spec.attention_chunk_size
-        first_kept = chunk_start // self.block_size
+        first_kept = self.num_skipped_tokens(num_computed_tokens) // self.block_size
         num_cached = self.num_cached_block.get(request_id, 0)
         if num_cached > 0 and not self.has("chunked_local_frees_last_cached_page"):
             first_kept = min(first_kept, num_cached - 1)
         self.null_out_before(request_id, first_kept)
+
+    def num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """The next token sees only its own chunk."""
+        return num_computed_tokens // self.spec.attention_chunk_size * self.spec.attention_chunk_size
 
 
 class MambaManager(GroupManager):

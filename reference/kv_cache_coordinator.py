@@ -46,14 +46,15 @@ class KVCacheCoordinator:
 
     # -- every group in turn ----------------------------------------------------------
 
-    def pages_to_allocate(self, request_id: str, num_tokens: int, hits: PerGroup) -> int:
-        """The groups' counts added up, negative ones included."""
-        return sum(m.pages_to_allocate(request_id, num_tokens, hit)
+    def pages_to_allocate(self, request_id: str, num_tokens: int, hits: PerGroup,
+                          num_computed_tokens: int = 0) -> int:
+        """The groups' counts added up (negative ones included, up to 0.13.0)."""
+        return sum(m.pages_to_allocate(request_id, num_tokens, hit, num_computed_tokens)
                    for m, hit in zip(self.managers, hits))
 
-    def save_hits(self, request_id: str, hits: PerGroup) -> None:
+    def save_hits(self, request_id: str, hits: PerGroup, num_computed_tokens: int = 0) -> None:
         for m, hit in zip(self.managers, hits):
-            m.save_hit(request_id, hit)
+            m.save_hit(request_id, hit, num_computed_tokens)
 
     def grow(self, request_id: str, num_tokens: int) -> PerGroup:
         return tuple(m.grow(request_id, num_tokens) for m in self.managers)

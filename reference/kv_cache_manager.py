@@ -71,7 +71,8 @@ class KVCacheManager:
                        num_new_computed_tokens: int = 0,
                        new_computed_blocks: PerGroup | None = None,
                        num_lookahead_tokens: int = 0,
-                       delay_caching: bool = False) -> PerGroup | None:
+                       delay_caching: bool = False,
+                       num_external_tokens: int = 0) -> PerGroup | None:
         """Give the request pages for its new tokens (per group); None when the pool is short.
 
         First the pages that fell out of a window are given back.  Slots are
@@ -88,24 +89,28 @@ class KVCacheManager:
         self.coordinator.remove_skipped_blocks(rid, request.num_computed_tokens)
         num_computed = request.num_computed_tokens + num_new_computed_tokens
         num_slots = min(num_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        if self.coordinator.pages_to_allocate(rid, num_slots, hits) > self.pool.num_free_blocks():
+        with_loaded = num_computed + num_external_tokens  # ``num_new_tokens`` holds the loaded ones
+        if self.coordinator.pages_to_allocate(rid, num_slots, hits, with_loaded) \
+                > self.pool.num_free_blocks():
             return None
-        if self.enable_caching:
+        if self.enable_caching and not self.has("window_hits_skipped_at_admission"):
             self.pool.touch(block for hit in hits for block in hit)
-        self.coordinator.save_hits(rid, hits)
+        self.coordinator.save_hits(rid, hits, with_loaded)
         new_blocks = self.coordinator.grow(rid, num_slots)
         if self.enable_caching and not delay_caching:
             self.coordinator.cache_blocks(request, min(num_computed + num_new_tokens,
                                                        request.num_tokens))
         return new_blocks
 
-    def can_fit_whole_sequence(self, request: Request, hits: PerGroup | None) -> bool:
+    def can_fit_whole_sequence(self, request: Request, hits: PerGroup | None,
+                               num_computed_tokens: int = 0) -> bool:
         """Whether the free pages would hold every token of the request (capped at
         ``max_model_len``) beyond its prefix hit, counted as ``allocate_slots`` counts
-        (no lookahead); nothing is allocated."""
+        (no lookahead); nothing is allocated.  ``num_computed_tokens``: hit and loaded."""
         num_tokens = min(request.num_tokens, self.max_model_len)
-        needed = self.coordinator.pages_to_allocate(request.request_id, num_tokens,
-                                                    hits or self.coordinator.empty())
+        needed = self.coordinator.pages_to_allocate(
+            request.request_id, num_tokens, hits or self.coordinator.empty(),
+            min(num_computed_tokens, self.max_model_len))
         return needed <= self.pool.num_free_blocks()
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
@@ -118,6 +123,10 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         """Return the request's pages to the pool."""
         self.coordinator.free(request.request_id)
+
+    def remove_skipped_blocks(self, request: Request, num_tokens: int) -> None:
+        """Give back the pages out of every group's window for ``num_tokens`` tokens."""
+        self.coordinator.remove_skipped_blocks(request.request_id, num_tokens)
 
     def get_block_ids(self, request_id: str) -> list[list[int]]:
         """The request's whole block tables, one list per group (null pages as 0)."""

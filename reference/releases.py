@@ -137,13 +137,26 @@ CHANGES: tuple[RuleChange, ...] = (
         "queue in the order they were set aside: the queue now reverses them as it puts them "
         "back, undoing the reversal of quirks.SKIPPED_WAITING_REQUESTS_REVERSED."),
     RuleChange(
+        "window_hits_skipped_at_admission", "0.14.0", "",
+        "A new request's prefix-hit pages that lie wholly before the window of its hit "
+        "and loaded tokens (sliding window, chunked local attention) are not taken: null "
+        "pages stand in their place and the pages stay where they are in the free queue "
+        "(0.11.0 took them and gave them back at the next step, to the tail).  Pages are "
+        "counted per group with a floor of zero, and only the hit pages inside the window "
+        "count as taken from the free queue."),
+    RuleChange(
+        "window_pages_freed_before_connector_finish", "0.14.0", "",
+        "Before the KV connector hears that a request finished (request_finished), the "
+        "pages out of the window of all its tokens are given back and show as null pages "
+        "in the block ids it is handed."),
+    RuleChange(
         "null_pages_never_cached", "0.14.0", "",
         "Caching full pages passes over null pages, so a sliding-window page that left "
         "the window before it was cached is never indexed (quirks.NULL_PAGE_CACHED is "
         "gone).  A BlockStored event lists the hashes of the pages really indexed, and its "
         "parent is the request's hash of the page before, whatever page stands there."),
     RuleChange(
-        "connector_told_whole_table", "0.16.0", "",
+        "connector_told_whole_table", "0.14.0", "",
         "After an allocation the KV connector is told every page of the request's table "
         "(get_blocks), not only its prefix-hit pages and the pages just added, so a request "
         "whose asynchronous load is done hears of its loaded pages again when it is "

@@ -161,6 +161,8 @@ class Scheduler:
     def connector_keeps_pages(self, request: Request) -> bool:
         if self.connector is None:
             return False
+        if self.config.has("window_pages_freed_before_connector_finish"):
+            self.kv.remove_skipped_blocks(request, request.num_tokens)
         (block_ids,) = self.kv.get_block_ids(request.request_id)
         return self.connector.request_finished(request, block_ids)
 
@@ -384,11 +386,12 @@ class Scheduler:
                                                                      num_new, plan)
                 if num_new == 0:
                     break  # its next item cannot be encoded now: the waiting part ends
-            if not self.fits_whole_sequence(request, hit):
+            if not self.fits_whole_sequence(request, hit, num_computed):
                 break
             new_blocks = self.kv.allocate_slots(request, num_new + num_external, num_hit, hit,
                                                 self.admission_lookahead(request),
-                                                delay_caching=load_async)
+                                                delay_caching=load_async,
+                                                num_external_tokens=num_external)
             if new_blocks is None:
                 break  # a waiting request never preempts: it waits for pages
             self.tell_connector_pages(request, hit, new_blocks, num_external)
@@ -490,12 +493,12 @@ class Scheduler:
             return False
         return True
 
-    def fits_whole_sequence(self, request: Request, hit) -> bool:
+    def fits_whole_sequence(self, request: Request, hit, num_computed: int) -> bool:
         """From 0.19.0 (admission_reserves_whole_sequence) a waiting request is admitted
         only when the free pages would hold all its tokens, not only the step's; when they
         would not, the waiting part of the step ends, as when allocation fails."""
         return (not self.config.has("admission_reserves_whole_sequence")
-                or self.kv.can_fit_whole_sequence(request, hit))
+                or self.kv.can_fit_whole_sequence(request, hit, num_computed))
 
     def has_free_seat(self) -> bool:
         """At most ``max_num_seqs`` requests run at once."""

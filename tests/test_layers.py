@@ -44,8 +44,9 @@ LAYERS: list[tuple[str, ...]] = [
     # campaigns and the mutant hunt; an engine's conformance per family of rules
     ("campaign", "reach", "upgrade", "capture", "conformance_profile"),
     # the upgrade check from the base environment; the benchmark (it times campaigns);
-    # portable fixture sets (run inside a side environment when asked for another release)
-    ("upgrade_check", "mutants.hunt", "code_coverage", "bench", "export"),
+    # portable fixture sets (run inside a side environment when asked for another release);
+    # the page of rule changes release by release
+    ("upgrade_check", "mutants.hunt", "code_coverage", "bench", "export", "changelog"),
     # the main job; the race of local fuzzers (it writes into the benchmark's report);
     # HypoFuzz's command, mended
     ("conformance_job", "fuzzer_race", "hypofuzz_run"),

@@ -77,3 +77,11 @@ def test_each_later_release_has_a_stream_that_shows_each_of_its_rule_changes():
                 t, run(ReferenceEngine("0.11.0", releases.rules_of(release) - {change.name}),
                        parse_stream(t["stream"])).to_json()) is not None for t in traces)
             assert shown, f"{release}: no recorded trace shows {change.name}"
+
+
+def test_the_changelog_page_is_written_from_the_releases():
+    """docs/upgrades/changelog.md is what ``python -m harness changelog`` writes now."""
+    from harness import changelog
+    assert changelog.PAGE.read_text() == changelog.text(), "run: python -m harness changelog"
+    for change in releases.CHANGES:
+        assert f"**`{change.name}`**" in changelog.PAGE.read_text()

@@ -1194,9 +1194,11 @@ def _new_pages_only(self, request, hit, new_blocks, num_external):
         "not when they are given", KV_CACHE_MANAGER,
         replaces=(rkv.KVCacheManager, "allocate_slots"), applies=connector_async_caching)
 def _cache_before_load(self, request, num_new_tokens, num_new_computed_tokens=0,
-                       new_computed_blocks=None, num_lookahead_tokens=0, delay_caching=False):
+                       new_computed_blocks=None, num_lookahead_tokens=0, delay_caching=False,
+                       num_external_tokens=0):
     return _allocate_slots(self, request, num_new_tokens, num_new_computed_tokens,
-                           new_computed_blocks, num_lookahead_tokens)
+                           new_computed_blocks, num_lookahead_tokens,
+                           num_external_tokens=num_external_tokens)
 
 
 _allocate_slots = rkv.KVCacheManager.allocate_slots
@@ -1334,6 +1336,8 @@ _CHANGE_MODULES = {
     "set_aside_requests_wait_apart": SCHEDULER,
     "connector_told_whole_table": SCHEDULER,
     "null_pages_never_cached": BLOCK_POOL,
+    "window_hits_skipped_at_admission": SINGLE_TYPE,
+    "window_pages_freed_before_connector_finish": SCHEDULER,
     "set_aside_order_kept": "vllm/v1/core/sched/request_queue.py",
     "grammar_rows_skip_prefill_chunks": SCHEDULER,
     "async_load_counts_tokens_at_once": SCHEDULER,
