@@ -25,7 +25,8 @@ from typing import Callable
 
 #: The releases whose rules the reference states, oldest first.
 RELEASES = ("0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0", "0.14.0", "0.14.1", "0.15.0",
-            "0.15.1", "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0")
+            "0.15.1", "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0", "0.19.1",
+            "0.20.0", "0.20.1", "0.20.2", "0.21.0", "0.22.0", "0.22.1")
 
 
 @dataclass(frozen=True)
@@ -194,6 +195,16 @@ CHANGES: tuple[RuleChange, ...] = (
         "block's start, and an item that ends exactly where a block starts no longer touches "
         "that block (half of quirks.MM_HASH_ON_BLOCK_AFTER_A_LATER_HASHING is gone; a later "
         "hashing still looks at the last item only)."),
+    RuleChange(
+        "waiting_stats_count_set_aside_apart", "0.20.0", "",
+        "Scheduler stats: num_waiting_reqs counts the waiting queue only; the requests "
+        "waiting in the set-aside queue (skipped_waiting) are counted apart, in "
+        "num_skipped_waiting_reqs."),
+    RuleChange(
+        "connector_finish_window_of_computed_tokens", "0.20.0", "",
+        "The pages given back before the connector hears of a finish are those out of the "
+        "window of the request's computed tokens, no longer of all its tokens (so the page "
+        "of its last, uncomputed token's window start is kept)."),
 )
 
 _BY_NAME = {c.name: c for c in CHANGES}

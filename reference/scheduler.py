@@ -162,7 +162,11 @@ class Scheduler:
         if self.connector is None:
             return False
         if self.config.has("window_pages_freed_before_connector_finish"):
-            self.kv.remove_skipped_blocks(request, request.num_tokens)
+            # From 0.20.0 the window is that of the computed tokens, not of all of them.
+            self.kv.remove_skipped_blocks(
+                request, request.num_computed_tokens
+                if self.config.has("connector_finish_window_of_computed_tokens")
+                else request.num_tokens)
         (block_ids,) = self.kv.get_block_ids(request.request_id)
         return self.connector.request_finished(request, block_ids)
 
@@ -662,6 +666,10 @@ class Scheduler:
     def make_stats(self, spec_decoding: SpecDecodingStats | None) -> SchedulerStats:
         """The report that ends every update: the queues' lengths after it, the pool's
         usage, the prefix-cache lookups since the last report and this step's drafts."""
+        if self.config.has("waiting_stats_count_set_aside_apart"):
+            return SchedulerStats(len(self.running), len(self.waiting), self.kv.usage(),
+                                  self.kv.take_prefix_cache_stats(), spec_decoding,
+                                  num_set_aside=len(self.set_aside_queue))
         return SchedulerStats(len(self.running), self.num_waiting(), self.kv.usage(),
                               self.kv.take_prefix_cache_stats(), spec_decoding)
 

@@ -72,6 +72,8 @@ class SchedulerStats:
     kv_cache_usage: float
     prefix_cache: PrefixCacheStats
     spec_decoding: SpecDecodingStats | None  # None: no drafts were checked this step
+    # From 0.20.0 the set-aside queue is counted apart (and not among the waiting).
+    num_set_aside: int | None = None
 
 
 def kv_cache_usage(num_blocks: int, num_free_blocks: int) -> float:

@@ -289,20 +289,24 @@ SPEC_DECODING_FIELDS = ("num_spec_tokens", "num_drafts", "num_draft_tokens",
 
 
 def stats_record(num_running: int, num_waiting: int, kv_cache_usage: float,
-                 prefix_cache, spec_decoding, preempted_apart: bool) -> dict:
+                 prefix_cache, spec_decoding, preempted_apart: bool,
+                 num_set_aside: int | None = None) -> dict:
     """One step's scheduler stats (vLLM's SchedulerStats) as a trace writes them.
 
     ``prefix_cache`` and ``spec_decoding`` are vLLM's PrefixCacheStats and
     SpecDecodingStats or the reference's (same field names); ``spec_decoding`` is
     None when no drafts were checked this step.  ``preempted_apart``: the release
     counts preempted requests' lookups apart (their three fields are written).
+    ``num_set_aside``: the release counts the set-aside queue apart from the waiting one
+    (0.20.0 and later, ``num_skipped_waiting_reqs``; written only then).
     """
     fields = PREFIX_CACHE_FIELDS + (PREEMPTED_PREFIX_CACHE_FIELDS if preempted_apart else ())
     return {"num_running_reqs": num_running, "num_waiting_reqs": num_waiting,
             "kv_cache_usage": kv_cache_usage,
             "prefix_cache": {f: getattr(prefix_cache, f) for f in fields},
             "spec_decoding": None if spec_decoding is None else
-            {f: _plain(getattr(spec_decoding, f)) for f in SPEC_DECODING_FIELDS}}
+            {f: _plain(getattr(spec_decoding, f)) for f in SPEC_DECODING_FIELDS},
+            **({} if num_set_aside is None else {"num_skipped_waiting_reqs": num_set_aside})}
 
 
 def _plain(value):

@@ -197,7 +197,8 @@ class ReferenceEngine:
         s = self._stats
         return stats_record(s.num_running_reqs, s.num_waiting_reqs, s.kv_cache_usage,
                             s.prefix_cache, s.spec_decoding,
-                            preempted_apart=self.config.has("prefix_stats_split_preempted"))
+                            preempted_apart=self.config.has("prefix_stats_split_preempted"),
+                            num_set_aside=s.num_set_aside)
 
     def kv_events(self) -> list[dict]:
         published, self.sched.published_kv_events = self.sched.published_kv_events, []

@@ -659,7 +659,8 @@ class VllmEngine:
             return None
         return stats_record(s.num_running_reqs, s.num_waiting_reqs, s.kv_cache_usage,
                             s.prefix_cache_stats, s.spec_decoding_stats,
-                            preempted_apart=hasattr(s.prefix_cache_stats, "preempted_requests"))
+                            preempted_apart=hasattr(s.prefix_cache_stats, "preempted_requests"),
+                            num_set_aside=getattr(s, "num_skipped_waiting_reqs", None))
 
     def connector_calls(self) -> list[list]:
         return self.script.take_calls() if self.script else []

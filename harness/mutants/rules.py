@@ -1338,6 +1338,8 @@ _CHANGE_MODULES = {
     "null_pages_never_cached": BLOCK_POOL,
     "window_hits_skipped_at_admission": SINGLE_TYPE,
     "window_pages_freed_before_connector_finish": SCHEDULER,
+    "waiting_stats_count_set_aside_apart": SCHEDULER,
+    "connector_finish_window_of_computed_tokens": SCHEDULER,
     "set_aside_order_kept": "vllm/v1/core/sched/request_queue.py",
     "grammar_rows_skip_prefill_chunks": SCHEDULER,
     "async_load_counts_tokens_at_once": SCHEDULER,
