@@ -91,6 +91,18 @@ class FreeBlockQueue:
             self._tail.prev_free = block
             self.num_free_blocks += 1
 
+    def prepend_n(self, blocks: Iterable[Block]) -> None:
+        """Put pages at the head, in the given order: the first goes next (0.23.0 on)."""
+        first = self._head
+        for block in blocks:
+            after = first.next_free
+            first.next_free = block
+            block.prev_free = first
+            block.next_free = after
+            after.prev_free = block
+            first = block
+            self.num_free_blocks += 1
+
     def _unlink(self, block: Block) -> None:
         block.prev_free.next_free = block.next_free
         block.next_free.prev_free = block.prev_free
@@ -167,12 +179,17 @@ class BlockPool:
                 self.free_queue.remove(block)
             block.ref_cnt += 1
 
-    def free_blocks(self, ordered: Iterable[Block]) -> None:
-        """Drop one reference on each page; those now unused join the tail in order."""
+    def free_blocks(self, ordered: Iterable[Block], first: bool = False) -> None:
+        """Drop one reference on each page; those now unused join the tail in order (or,
+        ``first``, the head: they go next)."""
         ordered = list(ordered)
         for block in ordered:
             block.ref_cnt -= 1
-        self.free_queue.append_n(b for b in ordered if b.ref_cnt == 0 and not b.is_null)
+        freed = [b for b in ordered if b.ref_cnt == 0 and not b.is_null]
+        if first:
+            self.free_queue.prepend_n(freed)
+        else:
+            self.free_queue.append_n(freed)
 
     def can_reset_prefix_cache(self) -> bool:
         """Only when no request holds a page: the null page is the only one not free."""
@@ -180,14 +197,16 @@ class BlockPool:
 
     def cache_full_blocks(self, block_hashes: list[BlockHash], blocks: list[Block],
                           num_cached: int, num_full: int, group_id: int = 0,
-                          request: Request | None = None, block_size: int = 0) -> None:
+                          request: Request | None = None, block_size: int = 0,
+                          indexed: bool = True) -> None:
         """Index the pages ``blocks[num_cached:num_full]`` of one group under their hashes.
 
         Up to 0.13.0 whatever stands there is indexed, the null page too
         (quirks.NULL_PAGE_CACHED): a null page already indexed fails the check.  From
         0.14.0 (null_pages_never_cached) null pages are passed over.  With KV cache events
         on, the call is announced (``request`` and ``block_size`` say whose tokens the
-        pages hold).
+        pages hold).  ``indexed`` False: the pages are passed over like null pages (0.23.0,
+        a group whose pages can never serve a hit), the call is still announced.
         """
         if num_cached == num_full:
             return
@@ -195,7 +214,7 @@ class BlockPool:
         skips_null = self.has("null_pages_never_cached")
         stored = []
         for block, block_hash in zip(blocks[num_cached:num_full], block_hashes[num_cached:]):
-            if skips_null and block.is_null:
+            if skips_null and block.is_null or not indexed:
                 continue
             assert block.block_hash is None, f"{block} is already cached"
             key = (block_hash, group_id)

@@ -45,6 +45,7 @@ class GroupManager:
         self.req_to_blocks: dict[str, list[Block]] = {}
         # Full pages of each running request already indexed in the cache.
         self.num_cached_block: dict[str, int] = {}
+        self.use_eagle = False  # set by the coordinator
 
     def table(self, request_id: str) -> list[Block]:
         return self.req_to_blocks.setdefault(request_id, [])
@@ -124,8 +125,13 @@ class GroupManager:
         num_full = num_tokens // self.block_size
         self.pool.cache_full_blocks(request.block_hashes, self.table(request.request_id),
                                     self.num_cached_block[request.request_id], num_full,
-                                    self.group_id, request, self.block_size)
+                                    self.group_id, request, self.block_size,
+                                    indexed=self.indexes_pages())
         self.num_cached_block[request.request_id] = num_full
+
+    def indexes_pages(self) -> bool:
+        """Whether full pages are indexed in the prefix cache (every type but one case)."""
+        return True
 
     # -- giving pages back -------------------------------------------------------------
 
@@ -155,7 +161,18 @@ class GroupManager:
                 break
             removed.append(table[i])
             table[i] = self.pool.null_block
-        self.pool.free_blocks(removed)
+        self.give_back(removed)
+
+    def give_back(self, pages: list[Block]) -> None:
+        """Pages a request no longer needs, in the order they should be reused.  From
+        0.23.0 (uncached_pages_reused_first) the uncached ones among them go to the head
+        of the free queue, to be reused before any cached page is evicted; the cached ones
+        join the tail as before."""
+        if not self.has("uncached_pages_reused_first"):
+            self.pool.free_blocks(pages)
+            return
+        self.pool.free_blocks(b for b in pages if b.block_hash is not None)
+        self.pool.free_blocks([b for b in pages if b.block_hash is None], first=True)
 
     # -- prefix lookup ------------------------------------------------------------------
 
@@ -235,6 +252,20 @@ class SlidingWindowManager(GroupManager):
     def num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """The next token sees the ``sliding_window`` tokens ending at it."""
         return max(0, num_computed_tokens - self.spec.sliding_window + 1)
+
+    def indexes_pages(self) -> bool:
+        """From 0.23.0 (window_of_one_indexes_nothing) a window of one token, without an
+        eagle drafter, indexes none of its pages: no hit could ever need an earlier page
+        of this group."""
+        return not (self.has("window_of_one_indexes_nothing") and self.spec.sliding_window == 1
+                    and not self.use_eagle)
+
+    def free(self, request_id: str) -> None:
+        """A finished or preempted request's pages, tail first; from 0.23.0 the uncached
+        ones go to the head of the free queue (``give_back``)."""
+        table = self.req_to_blocks.pop(request_id, [])
+        self.give_back(list(reversed(table)))
+        self.num_cached_block.pop(request_id, None)
 
 
 def window_pages(spec: KVCacheSpec) -> int:

@@ -33,6 +33,8 @@ class KVCacheCoordinator:
         self.pool = pool
         self.use_eagle = use_eagle
         self.managers = tuple(manager_for(spec, pool, i, has) for i, spec in enumerate(specs))
+        for m in self.managers:
+            m.use_eagle = use_eagle
         if not enable_caching:
             self.lookup = self.no_hit
         elif len(specs) == 1:

@@ -178,12 +178,15 @@ def kv_cache_tensor_shape(num_blocks: int, block_size: int, num_kv_heads: int,
 
 
 def flash_attention_shape(num_blocks: int, block_size: int, num_kv_heads: int,
-                          head_size: int) -> tuple[int, int, int, int, int] | None:
+                          head_size: int, pages_first: bool = False
+                          ) -> tuple[int, int, int, int, int] | None:
     """The flash-attention backend's KV tensor shape of one layer, or None for a block
-    size it refuses (not a multiple of 16)."""
+    size it refuses (not a multiple of 16).  From 0.23.0 (kv_pages_first_in_tensor) the
+    pages come before K/V."""
     if block_size % 16:
         return None
-    return kv_cache_tensor_shape(num_blocks, block_size, num_kv_heads, head_size)
+    k_v, pages, *rest = kv_cache_tensor_shape(num_blocks, block_size, num_kv_heads, head_size)
+    return (pages, k_v, *rest) if pages_first else (k_v, pages, *rest)
 
 
 def override_num_blocks(num_blocks: int, num_gpu_blocks_override: int | None) -> int:

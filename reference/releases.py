@@ -26,7 +26,7 @@ from typing import Callable
 #: The releases whose rules the reference states, oldest first.
 RELEASES = ("0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0", "0.14.0", "0.14.1", "0.15.0",
             "0.15.1", "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0", "0.19.1",
-            "0.20.0", "0.20.1", "0.20.2", "0.21.0", "0.22.0", "0.22.1")
+            "0.20.0", "0.20.1", "0.20.2", "0.21.0", "0.22.0", "0.22.1", "0.23.0")
 
 
 @dataclass(frozen=True)
@@ -205,6 +205,30 @@ CHANGES: tuple[RuleChange, ...] = (
         "The pages given back before the connector hears of a finish are those out of the "
         "window of the request's computed tokens, no longer of all its tokens (so the page "
         "of its last, uncomputed token's window start is kept)."),
+    RuleChange(
+        "admission_reserves_lookahead", "0.23.0", "#43733",
+        "A waiting request admitted with a drafter that reads ahead (eagle) gets its "
+        "lookahead slots at once, a new request too (0.11.0 reserved them only for a request "
+        "that had computed tokens, a resumed one); only a request whose KV cache loads "
+        "asynchronously gets none."),
+    RuleChange(
+        "uncached_pages_reused_first", "0.23.0", "#43447",
+        "Pages a sliding-window, chunked-local or Mamba group gives back while the request "
+        "runs, and a sliding-window group's pages when the request finishes or is "
+        "preempted, go to the head of the free queue when they hold no cached prefix (they "
+        "are reused first, the last page freed first); cached ones join the tail as "
+        "before."),
+    RuleChange(
+        "window_of_one_indexes_nothing", "0.23.0", "#43447",
+        "A sliding window of one token (the token itself), with no eagle drafter, indexes "
+        "none of its full pages in the prefix cache, since no hit could ever need an "
+        "earlier page of that group; such a group, and so the whole hybrid request, never "
+        "hits, and its pages are reused first when given back."),
+    RuleChange(
+        "kv_pages_first_in_tensor", "0.23.0", "",
+        "KV sizing: the flash-attention backend's per-layer KV tensor puts the pages first "
+        "(num_blocks, 2, block_size, heads, head size); 0.11.0 put K/V first.  The pool's "
+        "pages and bytes are unchanged."),
 )
 
 _BY_NAME = {c.name: c for c in CHANGES}

@@ -393,7 +393,7 @@ class Scheduler:
             if not self.fits_whole_sequence(request, hit, num_computed):
                 break
             new_blocks = self.kv.allocate_slots(request, num_new + num_external, num_hit, hit,
-                                                self.admission_lookahead(request),
+                                                self.admission_lookahead(request, load_async),
                                                 delay_caching=load_async,
                                                 num_external_tokens=num_external)
             if new_blocks is None:
@@ -547,8 +547,11 @@ class Scheduler:
         set_aside.prepend(request)
         self.emit(events.SetAside(request.request_id))
 
-    def admission_lookahead(self, request: Request) -> int:
-        """Eagle's lookahead slots are reserved for a resumed request, not a new one."""
+    def admission_lookahead(self, request: Request, load_async: bool = False) -> int:
+        """Eagle's lookahead slots are reserved for a resumed request, not a new one; from
+        0.23.0 (admission_reserves_lookahead) for every admission but an asynchronous load."""
+        if self.config.has("admission_reserves_lookahead"):
+            return 0 if load_async else self.config.num_lookahead_tokens
         return 0 if request.num_computed_tokens == 0 else self.config.num_lookahead_tokens
 
     def _admit(self, request: Request, num_new: int, num_computed: int, plan: StepPlan) -> None:

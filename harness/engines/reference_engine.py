@@ -223,9 +223,9 @@ class ReferenceEngine:
         shape, size = layout.shape, layout.block_size
         return kv_cache_header(layout.num_blocks, size, shape.num_layers,
                                shape.page_size_bytes(size),
-                               kv_sizing.flash_attention_shape(layout.num_blocks, size,
-                                                               shape.num_kv_heads,
-                                                               shape.head_size))
+                               kv_sizing.flash_attention_shape(
+                                   layout.num_blocks, size, shape.num_kv_heads, shape.head_size,
+                                   pages_first=self.config.has("kv_pages_first_in_tensor")))
 
     def applies_oldest_now(self, in_flight: int, runs_work: bool, worker_done: bool) -> bool:
         size = engine_core.batch_queue_size(self.config.async_scheduling,

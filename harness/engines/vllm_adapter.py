@@ -100,8 +100,9 @@ POOLED = torch.zeros(1)
 class SpeculativeStandIn:
     """Stands in for vLLM's SpeculativeConfig: the scheduler reads only these.
 
-    (``uses_draft_model()`` is read from 0.15.0 on; a draft model reserves
-    lookahead slots like eagle.  The harness's methods are ngram and eagle.)
+    (``uses_draft_model()`` is read from 0.15.0 on, ``use_dflash()`` from 0.23.0; those
+    drafters reserve lookahead slots like eagle.  The harness's methods are ngram and
+    eagle.)
     """
 
     def __init__(self, num_speculative_tokens: int, method: str):
@@ -113,6 +114,9 @@ class SpeculativeStandIn:
 
     def uses_draft_model(self) -> bool:
         return self.method == "draft_model"
+
+    def use_dflash(self) -> bool:  # read from 0.23.0
+        return self.method == "dflash"
 
 
 class ScriptedGrammar(StructuredOutputGrammar):
@@ -290,10 +294,11 @@ def build_scheduler(c: Config, largest_mm_item: int = 0,
                     connector_script: ConnectorScript | None = None) -> Scheduler:
     vc, encoder = build_vllm_config(c, largest_mm_item, connector_script)
     scheduler = AsyncScheduler if c.async_scheduling else Scheduler
+    kvc = kv_cache_config(c, vc)
     with compat.multimodal_while_sizing(vc.model_config, bool(encoder)):
-        return scheduler(vllm_config=vc, kv_cache_config=kv_cache_config(c, vc),
+        return scheduler(vllm_config=vc, kv_cache_config=kvc,
                          structured_output_manager=StructuredOutputManager(vc),
-                         log_stats=c.log_stats, **encoder, **compat.scheduler_kwargs(vc))
+                         log_stats=c.log_stats, **encoder, **compat.scheduler_kwargs(vc, kvc))
 
 
 def build_vllm_config(c: Config, largest_mm_item: int = 0,

@@ -114,11 +114,21 @@ def effective_max_model_len(vllm_config) -> int:
     return vllm_config.scheduler_config.max_model_len
 
 
-def scheduler_kwargs(vllm_config) -> dict[str, Any]:
-    if "block_size" in _params(Scheduler.__init__):
-        _note("Scheduler(block_size=)")
+def scheduler_kwargs(vllm_config, kv_cache_config=None) -> dict[str, Any]:
+    """Scheduler(block_size=) from 0.11.1; from 0.20.0 the engine resolves it with the
+    hash block size from the KV cache groups (``resolve_kv_cache_block_sizes``: the
+    least common multiple of the groups' page sizes), as done here."""
+    if "block_size" not in _params(Scheduler.__init__):
+        return {}
+    _note("Scheduler(block_size=)")
+    from vllm.v1.core import kv_cache_utils
+    resolve = getattr(kv_cache_utils, "resolve_kv_cache_block_sizes", None)
+    if resolve is None or kv_cache_config is None or "hash_block_size" not in _params(
+            Scheduler.__init__):
         return {"block_size": vllm_config.cache_config.block_size}
-    return {}
+    _note("resolve_kv_cache_block_sizes")
+    block_size, hash_block_size = resolve(kv_cache_config, vllm_config)
+    return {"block_size": block_size, "hash_block_size": hash_block_size}
 
 
 def block_table_kwargs(block_size: int) -> dict[str, Any]:
