@@ -186,7 +186,11 @@ class BlockPool:
         for block in ordered:
             block.ref_cnt -= 1
         freed = [b for b in ordered if b.ref_cnt == 0 and not b.is_null]
-        if first:
+        if self.has("every_uncached_page_reused_first"):
+            # 0.24.0: whoever frees them, pages with no cached prefix go next.
+            self.free_queue.prepend_n(b for b in freed if b.block_hash is None)
+            self.free_queue.append_n(b for b in freed if b.block_hash is not None)
+        elif first:
             self.free_queue.prepend_n(freed)
         else:
             self.free_queue.append_n(freed)

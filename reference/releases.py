@@ -26,7 +26,7 @@ from typing import Callable
 #: The releases whose rules the reference states, oldest first.
 RELEASES = ("0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0", "0.14.0", "0.14.1", "0.15.0",
             "0.15.1", "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0", "0.19.1",
-            "0.20.0", "0.20.1", "0.20.2", "0.21.0", "0.22.0", "0.22.1", "0.23.0")
+            "0.20.0", "0.20.1", "0.20.2", "0.21.0", "0.22.0", "0.22.1", "0.23.0", "0.24.0")
 
 
 @dataclass(frozen=True)
@@ -229,6 +229,12 @@ CHANGES: tuple[RuleChange, ...] = (
         "KV sizing: the flash-attention backend's per-layer KV tensor puts the pages first "
         "(num_blocks, 2, block_size, heads, head size); 0.11.0 put K/V first.  The pool's "
         "pages and bytes are unchanged."),
+    RuleChange(
+        "every_uncached_page_reused_first", "0.24.0", "",
+        "Every page given back (a finished or preempted request's, of any group) goes to "
+        "the head of the free queue when it holds no cached prefix, in the order given, so "
+        "it is reused before any cached page is evicted; cached pages join the tail as "
+        "before.  0.23.0 did this for sliding-window, chunked-local and Mamba pages only."),
 )
 
 _BY_NAME = {c.name: c for c in CHANGES}

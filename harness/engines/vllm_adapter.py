@@ -118,6 +118,9 @@ class SpeculativeStandIn:
     def use_dflash(self) -> bool:  # read from 0.23.0
         return self.method == "dflash"
 
+    #: read from 0.24.0: a number of drafts per batch size (none: always num_speculative_tokens)
+    num_speculative_tokens_per_batch_size = None
+
 
 class ScriptedGrammar(StructuredOutputGrammar):
     """Stands in for a compiled grammar: rejects the stream's ``rejected_tokens``, never

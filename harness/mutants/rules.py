@@ -1344,6 +1344,7 @@ _CHANGE_MODULES = {
     "uncached_pages_reused_first": SINGLE_TYPE,
     "window_of_one_indexes_nothing": SINGLE_TYPE,
     "kv_pages_first_in_tensor": "vllm/v1/attention/backends/flash_attn.py",
+    "every_uncached_page_reused_first": BLOCK_POOL,
     "set_aside_order_kept": "vllm/v1/core/sched/request_queue.py",
     "grammar_rows_skip_prefill_chunks": SCHEDULER,
     "async_load_counts_tokens_at_once": SCHEDULER,
