@@ -120,6 +120,15 @@ class SpeculativeStandIn:
 
     #: read from 0.24.0: a number of drafts per batch size (none: always num_speculative_tokens)
     num_speculative_tokens_per_batch_size = None
+    #: read from 0.28.0: extra query slots a drafter needs per request (0 for ngram and
+    #: for eagle without parallel drafting, as vLLM's own table says)
+    max_num_new_slots_for_drafting = 0
+
+    def use_dspark(self) -> bool:  # read from 0.25.0
+        return False
+
+    def use_multi_module_mtp(self) -> bool:  # read from 0.28.0
+        return False
 
 
 class ScriptedGrammar(StructuredOutputGrammar):
