@@ -352,8 +352,10 @@ def report_text(version: str, checker: Checker, bundled: list[BundledResult],
     lines = [
         f"# vLLM {version} against vLLM {old}'s rules",
         "",
-        f"Checked {datetime.date.today().isoformat()} with `make upgrade-check {from_arg}VLLM={version}` "
-        f"(vLLM {version} from a wheel overlay on the base torch; see `harness/sideenv.py`).",
+        f"Checked {datetime.date.today().isoformat()} with "
+        + (f"`make upgrade-check {from_arg}VLLM={version}` " if kind == "bundled" else
+           f"`python -m harness upgrade-check {version} {folder.name}/ --from {old}` ")
+        + f"(vLLM {version} from a wheel overlay on the base torch; see `harness/sideenv.py`).",
         "",
         "## Verdict",
         "",
@@ -368,8 +370,8 @@ def report_text(version: str, checker: Checker, bundled: list[BundledResult],
          f"different from {old} ({camp.seconds:.0f} s)." if camp.examples else
          f"* No generated streams: the streams of `{folder.name}/` only."),
         f"* The reference with the rules of {target} conforms on "
-        f"{camp.conform}/{camp.same + camp.different} generated and "
-        f"{conform_bundled}/{len(bundled)} {kind} streams"
+        + (f"{camp.conform}/{camp.same + camp.different} generated and " if camp.examples else "")
+        + f"{conform_bundled}/{len(bundled)} {kind} streams"
         + (" (exact)." if camp.conform == camp.same + camp.different and conform_bundled == len(bundled)
            else "."),
         "",
@@ -386,11 +388,14 @@ def report_text(version: str, checker: Checker, bundled: list[BundledResult],
             lines += [f"* `{name}` (since {ch.since}"
                       + (f", until {ch.until}" if ch.until else "") + f"; {pr}): {ch.summary}"]
         together = ", ".join(f"`{n}` ({k})" for n, k in cause.together.most_common())
-        lines += [f"* Seen on {cause.count} of {camp.same + camp.different} generated streams: "
-                  f"{cause.alone} explained by it alone"
-                  + (f", the others together with {together}" if together else "")
-                  + (f"; and on bundled streams: {', '.join(cause.bundled)}" if cause.bundled else "")
-                  + "."]
+        seen = (f"* Seen on {cause.count} of {camp.same + camp.different} generated streams: "
+                f"{cause.alone} explained by it alone"
+                + (f", the others together with {together}" if together else "")
+                + (f"; and on {kind} streams: {', '.join(cause.bundled)}" if cause.bundled else "")
+                + ".")
+        if not camp.examples:
+            seen = f"* Seen on {kind} streams: {', '.join(cause.bundled)}."
+        lines += [seen]
         if cause.features:
             top = ", ".join(f"{k} ({v})" for k, v in cause.features.most_common(6))
             lines += [f"* Config features of those streams: {top}."]

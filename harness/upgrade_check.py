@@ -14,6 +14,7 @@ import datetime
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from harness.paths import ROOT, write_atomic
@@ -32,8 +33,10 @@ INDEX_HEADER = [
     "reference with the release's rules checked for exact conformance.  A release that cannot",
     "be driven says what stopped it.",
     "",
-    "Releases after 0.13.0 are compared with the newest release the reference describes",
-    "(0.13.0's rules); a row with fewer than 5,000 generated streams is a first look.",
+    "A release the reference does not describe (`reference/releases.py`) is compared with",
+    "the newest one before it that it does; a row with fewer than 5,000 generated streams is",
+    "a first look.  Releases from 0.24.0 run with the second base stack (transformers 5,",
+    "`constraints-transformers5.txt`); what changed, release by release: [changelog.md](changelog.md).",
     "",
     "| release | drivable | result | causes found | report |",
     "|---|---|---|---|---|",
@@ -52,18 +55,27 @@ def upgrade_check(version: str, examples: int, seed: int, out: Path | None, reco
         ensure_stack(version, log=lambda m: print(m, file=sys.stderr))
     except SideEnvError as exc:
         return _could_not_drive(version, out if plain else None, f"no side environment: {exc}")
-    cmd = [sys.executable, "-m", "harness", "upgrade-report", version, "--examples", str(examples),
-           "--seed", str(seed), "--from", old] + ([] if record and plain else ["--no-record"]) \
-        + ([] if out is None else ["--out", str(out)]) \
-        + ([] if streams is None else [str(streams)])
-    proc = subprocess.Popen(cmd, env=overlay_environment(version), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    last_error = ""
-    for line in proc.stdout:
-        sys.stdout.write(line)
-        if line.startswith("error: "):
-            last_error = line[len("error: "):].strip()
-    code = proc.wait()
+    with tempfile.TemporaryDirectory(prefix="upgrade-report-") as scratch:
+        # Your streams with no --out: the report comes back through a scratch folder and
+        # goes to standard output alone; the check's progress goes to standard error.
+        to_stdout = out is None
+        report_dir = Path(scratch) if to_stdout else out
+        # The streams folder right after the release: argparse takes the positionals together.
+        cmd = [sys.executable, "-m", "harness", "upgrade-report", version] \
+            + ([] if streams is None else [str(streams)]) \
+            + ["--examples", str(examples), "--seed", str(seed), "--from", old] \
+            + ([] if record and plain else ["--no-record"]) + ["--out", str(report_dir)]
+        proc = subprocess.Popen(cmd, env=overlay_environment(version), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        last_error = ""
+        for line in proc.stdout:
+            (sys.stderr if to_stdout else sys.stdout).write(line)
+            if line.startswith("error: "):
+                last_error = line[len("error: "):].strip()
+        code = proc.wait()
+        written = sorted(report_dir.glob(f"*{version}.md")) if to_stdout else []
+        if written and code in (0, 1):
+            sys.stdout.write(written[0].read_text())
     if code == 3 or (code not in (0, 1) and last_error):
         why = (last_error or f"exit {code}").removeprefix("vLLM cannot be driven: ")
         return _could_not_drive(version, out if plain else None, _explain(version, why))
