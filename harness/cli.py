@@ -349,14 +349,16 @@ def cmd_upgrade_check(ns) -> int:
     from harness.upgrade_check import upgrade_check
     out, streams = _upgrade_arguments(ns)
     return upgrade_check(ns.version, examples=ns.examples, seed=ns.seed, out=out,
-                         record=not ns.no_record, old=ns.old, streams=streams)
+                         record=not ns.no_record, old=ns.old, streams=streams,
+                         shrink_seconds=ns.shrink_seconds)
 
 
 def cmd_upgrade_report(ns) -> int:
     from harness.upgrade import report
     out, streams = _upgrade_arguments(ns)
     return report(ns.version, examples=ns.examples, seed=ns.seed, out=out,
-                  record=not ns.no_record, old=ns.old, streams=streams)
+                  record=not ns.no_record, old=ns.old, streams=streams,
+                  shrink_seconds=ns.shrink_seconds)
 
 
 def cmd_changelog(ns) -> int:
@@ -586,6 +588,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "describes)")
         u.add_argument("--examples", type=positive_int, default=5000)
         u.add_argument("--seed", type=int, default=1)
+        u.add_argument("--shrink-seconds", type=positive_int, default=60,
+                       help="time spent shrinking each cause's example (default 60)")
         u.add_argument("--out", default=None,
                        help="folder of the reports (default: docs/upgrades; with a streams "
                             "folder, standard output)")

@@ -446,7 +446,7 @@ def _slots_checked_by_vllms_kernel():
 
 
 def report(version: str, examples: int, seed: int, out: Path | None, record: bool,
-           old: str = BASE, streams: Path | None = None) -> int:
+           old: str = BASE, streams: Path | None = None, shrink_seconds: float = 60) -> int:
     """The check inside the new release's process: 0 same, 1 different, 3 could not drive.
 
     ``old``: the release upgraded from.  ``streams``: a folder of the user's own streams,
@@ -468,7 +468,7 @@ def report(version: str, examples: int, seed: int, out: Path | None, record: boo
     camp = campaign(checker, causes, examples, seed) if examples else CampaignResult(0, seed)
     for cause in causes.values():
         print(f"== shrinking an example of {cause.title()}", file=sys.stderr)
-        shrink(checker, cause)
+        shrink(checker, cause, seconds=shrink_seconds)
     if record:
         from harness.golden import record as record_traces
         bundled_streams = [load_stream(p) for p in sorted(STREAMS_DIR.glob("*.json"))]

@@ -44,7 +44,8 @@ INDEX_HEADER = [
 
 
 def upgrade_check(version: str, examples: int, seed: int, out: Path | None, record: bool,
-                  old: str = BASE, streams: Path | None = None) -> int:
+                  old: str = BASE, streams: Path | None = None,
+                  shrink_seconds: float = 60) -> int:
     """``make upgrade-check [FROM=old] VLLM=version``; with ``streams``, the user's own
     streams instead of the bundled ones (no campaign, nothing recorded, the index of
     releases untouched).  Exit codes as the module says."""
@@ -63,7 +64,8 @@ def upgrade_check(version: str, examples: int, seed: int, out: Path | None, reco
         # The streams folder right after the release: argparse takes the positionals together.
         cmd = [sys.executable, "-m", "harness", "upgrade-report", version] \
             + ([] if streams is None else [str(streams)]) \
-            + ["--examples", str(examples), "--seed", str(seed), "--from", old] \
+            + ["--examples", str(examples), "--seed", str(seed), "--from", old,
+               "--shrink-seconds", str(shrink_seconds)] \
             + ([] if record and plain else ["--no-record"]) + ["--out", str(report_dir)]
         proc = subprocess.Popen(cmd, env=overlay_environment(version), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
