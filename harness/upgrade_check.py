@@ -69,12 +69,16 @@ def upgrade_check(version: str, examples: int, seed: int, out: Path | None, reco
             + ([] if record and plain else ["--no-record"]) + ["--out", str(report_dir)]
         proc = subprocess.Popen(cmd, env=overlay_environment(version), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
-        last_error = ""
+        last_error = last_line = ""
         for line in proc.stdout:
             (sys.stderr if to_stdout else sys.stdout).write(line)
             if line.startswith("error: "):
                 last_error = line[len("error: "):].strip()
+            if line.strip():
+                last_line = line.strip()
         code = proc.wait()
+        if code in (0, 1) and not list(report_dir.glob(f"*{version}.md")):
+            code, last_error = 3, last_error or last_line  # it died before its report
         written = sorted(report_dir.glob(f"*{version}.md")) if to_stdout else []
         if written and code in (0, 1):
             sys.stdout.write(written[0].read_text())

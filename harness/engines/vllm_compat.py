@@ -241,7 +241,7 @@ def slot_mapping(table, row: int, first_position: int, num_tokens: int) -> list[
     _note("slot mapping by a Triton kernel: the kernel's rule on vLLM's block table")
     slots = slots_from_block_table(_row_pages(table, row), table.block_size,
                                    first_position, num_tokens)
-    if os.environ.get(VERIFY_SLOT_KERNEL) == "verify" and BlockTable is not None:
+    if os.environ.get(VERIFY_SLOT_KERNEL) == "verify" and _kernel_to_interpret() is not None:
         by_kernel = _interpreted_slots(table, row, first_position, num_tokens)
         if by_kernel != slots:
             raise AssertionError(f"slot mapping of row {row}: vLLM's kernel gives {by_kernel}, "
@@ -253,6 +253,15 @@ def slots_from_block_table(pages, block_size: int, first_position: int, num_toke
     positions = np.arange(first_position, first_position + num_tokens, dtype=np.int64)
     return (pages[positions // block_size].astype(np.int64) * block_size
             + positions % block_size).tolist()
+
+
+def _kernel_to_interpret():
+    """vLLM's slot-mapping kernel of the v1 model runner, where the release has it (0.19.0
+    to 0.28.0; 0.29.0 moved it, 0.34.0 dropped that runner): None otherwise."""
+    if BlockTable is None:
+        return None
+    from vllm.v1.worker import block_table as module
+    return getattr(module, "_compute_slot_mapping_kernel", None)
 
 
 @functools.lru_cache(maxsize=1)
