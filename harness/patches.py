@@ -44,8 +44,9 @@ class Mutant:
     equivalent: str = ""
     # The reference.quirks entry whose behaviour it takes away, when it is one.
     quirk: str = ""
-    # What can tell it from the original: "streams" (traces) or "kv sizing"
-    # (harness.kv_sizing_check, over the bundled model configs).
+    # What can tell it from the original: "streams" (traces), "kv sizing"
+    # (harness.kv_sizing_check, over the bundled model configs) or "recorded traces" (a
+    # later release's rule change judged only by replaying that release's traces).
     checked_by: str = "streams"
     # A stream on which the mutant cannot change the trace (no drafts for a draft
     # rule, no grammar for a grammar rule, ...) makes this False; the rule report
