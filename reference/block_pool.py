@@ -179,21 +179,21 @@ class BlockPool:
                 self.free_queue.remove(block)
             block.ref_cnt += 1
 
-    def free_blocks(self, ordered: Iterable[Block], first: bool = False) -> None:
-        """Drop one reference on each page; those now unused join the tail in order (or,
-        ``first``, the head: they go next)."""
+    def free_blocks(self, ordered: Iterable[Block], uncached_first: bool = False) -> None:
+        """Drop one reference on each page; those now unused join the tail in order.
+
+        With ``uncached_first`` (a sliding-window, chunked-local or Mamba group from
+        0.23.0, every caller from 0.24.0: every_uncached_page_reused_first) those holding
+        no cached prefix go to the head instead, in order: they are reused first.
+        """
         ordered = list(ordered)
         for block in ordered:
             block.ref_cnt -= 1
         freed = [b for b in ordered if b.ref_cnt == 0 and not b.is_null]
-        if self.has("every_uncached_page_reused_first"):
-            # 0.24.0: whoever frees them, pages with no cached prefix go next.
+        if uncached_first or self.has("every_uncached_page_reused_first"):
             self.free_queue.prepend_n(b for b in freed if b.block_hash is None)
-            self.free_queue.append_n(b for b in freed if b.block_hash is not None)
-        elif first:
-            self.free_queue.prepend_n(freed)
-        else:
-            self.free_queue.append_n(freed)
+            freed = [b for b in freed if b.block_hash is not None]
+        self.free_queue.append_n(freed)
 
     def can_reset_prefix_cache(self) -> bool:
         """Only when no request holds a page: the null page is the only one not free."""

@@ -168,11 +168,7 @@ class GroupManager:
         0.23.0 (uncached_pages_reused_first) the uncached ones among them go to the head
         of the free queue, to be reused before any cached page is evicted; the cached ones
         join the tail as before."""
-        if not self.has("uncached_pages_reused_first"):
-            self.pool.free_blocks(pages)
-            return
-        self.pool.free_blocks(b for b in pages if b.block_hash is not None)
-        self.pool.free_blocks([b for b in pages if b.block_hash is None], first=True)
+        self.pool.free_blocks(pages, uncached_first=self.has("uncached_pages_reused_first"))
 
     # -- prefix lookup ------------------------------------------------------------------
 

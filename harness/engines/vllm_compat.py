@@ -34,6 +34,7 @@ import functools
 import importlib.util
 import inspect
 import os
+import types
 from typing import Any
 
 import numpy as np
@@ -208,12 +209,10 @@ class _CpuBlockTablesRows:
     def append_row(self, block_ids: list[int], row: int) -> None:
         self.tables.append_block_ids(row, (block_ids,), overwrite=False)
 
-    def pages(self, row: int):
-        return self.tables.block_tables_np[0][row]
-
-
-def _row_pages(table, row: int):
-    return table.pages(row) if isinstance(table, _CpuBlockTablesRows) else table.block_table.np[row]
+    @property
+    def block_table(self):
+        """The group's rows as ``BlockTable.block_table`` shows them (``.np``)."""
+        return types.SimpleNamespace(np=self.tables.block_tables_np[0])
 
 
 def slot_mapping(table, row: int, first_position: int, num_tokens: int) -> list[int]:
@@ -239,7 +238,7 @@ def slot_mapping(table, row: int, first_position: int, num_tokens: int) -> list[
         table.compute_slot_mapping(np.full(num_tokens, row, dtype=np.int64), positions)
         return table.slot_mapping.np[:num_tokens].tolist()
     _note("slot mapping by a Triton kernel: the kernel's rule on vLLM's block table")
-    slots = slots_from_block_table(_row_pages(table, row), table.block_size,
+    slots = slots_from_block_table(table.block_table.np[row], table.block_size,
                                    first_position, num_tokens)
     if os.environ.get(VERIFY_SLOT_KERNEL) == "verify" and _kernel_to_interpret() is not None:
         by_kernel = _interpreted_slots(table, row, first_position, num_tokens)
@@ -269,13 +268,11 @@ def _interpreted_kernel():
     """vLLM's ``_compute_slot_mapping_kernel`` under Triton's CPU interpreter.  Without a
     GPU driver vLLM puts a placeholder in place of ``triton``, so the kernel module holds the
     bare function; it is rebound to the real ``triton.language`` and interpreted."""
-    import types
-
     import triton
     import triton.language as tl
     from triton.runtime.interpreter import InterpretedFunction
-    from vllm.v1.worker import block_table as module
-    fn = getattr(module._compute_slot_mapping_kernel, "fn", module._compute_slot_mapping_kernel)
+    kernel = _kernel_to_interpret()
+    fn = getattr(kernel, "fn", kernel)
     bound = types.FunctionType(fn.__code__, {**fn.__globals__, "tl": tl, "triton": triton},
                                fn.__name__, fn.__defaults__, fn.__closure__)
     bound.__annotations__ = dict(fn.__annotations__)

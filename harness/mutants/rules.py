@@ -1107,9 +1107,9 @@ _free_blocks = rbp.BlockPool.free_blocks
 @mutant("kv_event_removed_on_free", "freeing a cached page leaves it in the index: no event "
         "until it is reused", BLOCK_POOL, replaces=(rbp.BlockPool, "free_blocks"),
         applies=kv_events)
-def _removed_when_freed(self, ordered, first=False):
+def _removed_when_freed(self, ordered, uncached_first=False):
     ordered = list(ordered)
-    _free_blocks(self, ordered, first)
+    _free_blocks(self, ordered, uncached_first)
     for block in ordered:
         if block.ref_cnt == 0 and block.block_hash is not None and not block.is_null:
             self.kv_events.put(rkve.BlockRemoved((block.block_hash[0],)))
