@@ -1,6 +1,6 @@
 """``python -m harness`` (or ``vllm-conformance``): trace, check, table, record, replay,
 fuzz, coverage, reach, mutants, conformance, bench, race, serve, profile,
-export.
+export, import, workload.
 
 Exit codes:
 
@@ -407,6 +407,111 @@ def cmd_race(ns) -> int:
                             report, command)
 
 
+#: ``import`` options that set one config field each (None: not given).
+IMPORT_CONFIG_OPTIONS = ("block_size", "num_gpu_blocks", "max_num_batched_tokens",
+                         "max_num_seqs", "max_model_len", "policy", "num_speculative_tokens",
+                         "model")
+
+
+def _fraction(low_open: bool, high: int | None = None):
+    """An argparse type: an exact number (``0.25``, ``1/32``), > 0 (or >= 0), at most high."""
+    def parse(text: str):
+        from harness.workloads import parse_fraction
+        try:
+            value = parse_fraction(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if (value <= 0 if low_open else value < 0) or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(
+                f"{text} must be {'> 0' if low_open else '>= 0'}"
+                + (f" and <= {high}" if high is not None else ""))
+        return value
+    return parse
+
+
+def _config_file(text: str) -> dict:
+    """``--config FILE.json``: a JSON object of stream config fields."""
+    from harness.stream import _refuse_duplicate_keys, _DuplicateKey
+    try:
+        raw = Path(text).read_bytes()
+        if len(raw) > 1 << 20:
+            raise UsageError(f"--config {text}: larger than 1 MiB")
+        data = json.loads(raw.decode("utf-8"), object_pairs_hook=_refuse_duplicate_keys)
+    except OSError as exc:
+        raise UsageError(f"--config {text}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--config {text}: not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--config {text}: not valid JSON: {exc.msg} at line {exc.lineno}") from None
+    except RecursionError:
+        raise UsageError(f"--config {text}: not valid JSON: nested too deeply") from None
+    except _DuplicateKey as exc:
+        raise UsageError(f"--config {text}: key {exc.args[0]!r} appears twice") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"--config {text}: must be a JSON object of config fields")
+    return data
+
+
+def cmd_import(ns) -> int:
+    from harness.paths import write_atomic
+    from harness.workloads import ImportOptions, WorkloadError, build_streams, stream_text
+    config = _config_file(ns.config) if ns.config else {}
+    config.update({k: getattr(ns, k) for k in IMPORT_CONFIG_OPTIONS
+                   if getattr(ns, k) is not None})
+    options = ImportOptions(window=ns.window, windows=ns.windows, seed=ns.seed,
+                            ms_per_step=ns.ms_per_step, scale=ns.scale,
+                            trace_block=ns.trace_block, configs=ns.configs,
+                            draft_acceptance=ns.draft_acceptance, config=config)
+    try:
+        imported = build_streams(Path(ns.trace), ns.format, options)
+    except WorkloadError as exc:
+        raise UsageError(str(exc)) from None
+    out = output_folder(ns.output)  # every stream is valid: only now is anything written
+    for item in imported:
+        write_atomic(out / f"{item.stream.name}.json", stream_text(item.stream))
+    for item in imported:
+        s = item.stream
+        print(f"{out / s.name}.json: {len(s.requests)} requests, arrival steps 0-"
+              f"{max(r.arrival_step for r in s.requests)}, "
+              f"{sum(len(r.prompt) for r in s.requests):,} prompt tokens in "
+              f"{item.prompt_pages:,} pages ({item.shared_pages:,} shared with an earlier "
+              f"request), pool {s.config.num_gpu_blocks:,} pages"
+              + (f", {item.clipped} clipped" if item.clipped else ""))
+    return EXIT_OK
+
+
+def cmd_workload(ns) -> int:
+    from harness.workloads import plot, report_json, table_text, workload_report
+    streams = load_all(ns.streams)
+    plot_path = None
+    if ns.plot:
+        plot_path = Path(ns.plot)
+        if plot_path.is_dir() or not plot_path.parent.is_dir():
+            raise UsageError(f"--plot {ns.plot}: must be a file in an existing folder")
+        if not os.access(plot_path.parent, os.W_OK | os.X_OK):
+            raise UsageError(f"--plot {ns.plot}: the folder is not writable")
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UsageError("--plot: matplotlib is not installed (pip install -e '.[bench]')") from None
+    progress = None
+    if sys.stderr.isatty():
+        def progress(name: str) -> None:
+            print(f"workload: {name}", file=sys.stderr, flush=True)
+    reports = workload_report(streams, search=not ns.no_search, progress=progress)
+    if ns.json:
+        print(json.dumps(report_json(reports), indent=1, sort_keys=True))
+    else:
+        sys.stdout.write(table_text(reports))
+    if plot_path is not None:
+        plot(reports, plot_path)
+    failed = [r for r in reports if r.usage.verdict != "completed"]
+    for r in failed:
+        print(f"{r.name}: the reference did not complete it ({r.usage.verdict}: "
+              f"{r.usage.failure})", file=sys.stderr)
+    return EXIT_DIFF if failed else EXIT_OK
+
+
 def _run_with_mutant(name: str, ns) -> int:
     """HARNESS_MUTANT=<name>: run the command against one mutant (see harness.mutants)."""
     from harness.mutants import find
@@ -626,6 +731,58 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also write the table into this file between its fuzzers:begin/end "
                          "markers (e.g. docs/performance.md)")
     rc.set_defaults(func=cmd_race)
+
+    from harness.workloads import FORMATS
+    im = sub.add_parser("import", help="cut a public request trace (Mooncake, Azure, BurstGPT, "
+                                       "JSONL) into streams: windows of consecutive requests, "
+                                       "arrival spacing and prefix sharing kept")
+    im.add_argument("format", choices=FORMATS, help="the trace's format (docs/workloads.md)")
+    im.add_argument("trace", help="the trace file")
+    im.add_argument("-o", "--output", required=True, help="folder for the streams")
+    im.add_argument("--window", type=positive_int, default=32,
+                    help="consecutive requests per stream (default 32, at most 4096)")
+    im.add_argument("--windows", type=positive_int, default=1,
+                    help="how many windows (default 1)")
+    im.add_argument("--seed", type=int, default=0,
+                    help="where the windows start, and the drawn configs (default 0)")
+    im.add_argument("--ms-per-step", type=_fraction(True), default="100",
+                    metavar="MS", help="trace milliseconds per engine step (default 100)")
+    im.add_argument("--scale", type=_fraction(True), default=None,
+                    help="stream tokens per trace token (default block_size / trace block, "
+                         "e.g. 16/512; fixed so with hash ids)")
+    im.add_argument("--trace-block", type=positive_int, default=512,
+                    help="trace tokens per hash id (default 512, Mooncake's)")
+    im.add_argument("--block-size", type=positive_int, default=None)
+    im.add_argument("--num-gpu-blocks", type=positive_int, default=None,
+                    help="the pool (default: room for every request of the window at once)")
+    im.add_argument("--max-num-batched-tokens", type=positive_int, default=None)
+    im.add_argument("--max-num-seqs", type=positive_int, default=None)
+    im.add_argument("--max-model-len", type=positive_int, default=None,
+                    help="default: the window's longest request, in whole pages")
+    im.add_argument("--policy", choices=("fcfs", "priority"), default=None)
+    im.add_argument("--num-speculative-tokens", type=non_negative_int, default=None)
+    im.add_argument("--model", default=None, help="a folder of fixtures/models/")
+    im.add_argument("--config", default=None, metavar="FILE.json",
+                    help="a JSON object of config fields (options given win)")
+    im.add_argument("--configs", type=positive_int, default=None, metavar="N",
+                    help="N configs per window drawn from the seed (pool pressure, batch, "
+                         "policy, speculative decoding); options given stay fixed")
+    im.add_argument("--draft-acceptance", type=_fraction(False, 1), default=None, metavar="P",
+                    help="with speculative decoding: the chance a draft token is right "
+                         "(default 1; drawn with --configs)")
+    im.set_defaults(func=cmd_import)
+
+    wl = sub.add_parser("workload", help="what streams ask of the KV cache, on the reference: "
+                                         "steps, prefix hits, preemptions, pages, the smallest "
+                                         "pool without preemption")
+    wl.add_argument("streams", nargs="+", help="stream files or folders of them")
+    wl.add_argument("--json", action="store_true", help="the report as one JSON object")
+    wl.add_argument("--no-search", action="store_true",
+                    help="do not search for the smallest pool (one run per stream)")
+    wl.add_argument("--plot", default=None, metavar="FILE",
+                    help="draw pages in use and running requests per step (matplotlib, the "
+                         "[bench] extra; .png, .svg or .pdf)")
+    wl.set_defaults(func=cmd_workload)
     return p
 
 
