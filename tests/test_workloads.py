@@ -371,3 +371,25 @@ def test_smallest_pool_holds_on_vllm(vllm_engine):
     assert at.verdict == "completed" and at.preemptions == 0
     assert below.preemptions >= 1
     assert smallest_pool(stream, vllm_engine).pages == found
+
+
+def test_docs_example_is_real(tmp_path):
+    """docs/workloads.md's example: the import's lines and the workload table are what the
+    commands print (run into a temporary folder instead of /tmp/mooncake)."""
+    from harness.paths import DOCS_DIR, ROOT
+    page = (DOCS_DIR / "workloads.md").read_text()
+    shown = {}
+    for block in page.split("```")[1::2]:
+        block = block.removeprefix("\n")
+        if block.startswith("$ .venv/bin/python -m harness "):
+            command, _, output = block.partition("\n")
+            shown[command.removeprefix("$ ")] = output
+    [imp] = [c for c in shown if " import " in c]
+    [work] = [c for c in shown if " workload " in c]
+    folder = str(tmp_path / "mooncake")
+    for command in (imp, work):
+        argv = command.replace("/tmp/mooncake", folder).split()[1:]
+        proc = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.replace(folder, "/tmp/mooncake") == shown[command]
