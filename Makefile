@@ -59,7 +59,7 @@ bench: $(BENCH_STAMP)
 	$(PY) -m harness bench
 
 # HypoFuzz, hypothesis's coverage-guided fuzzer with a live dashboard, for fuzzing for hours
-# (README, "Fuzzing").  Its last release reads a hypothesis internal that 6.158 removed, so it
+# (docs/fuzzing.md).  Its last release reads a hypothesis internal that 6.158 removed, so it
 # lives beside .venv, in .venvs/hypofuzz, with the older hypothesis of constraints-hypofuzz.txt
 # and everything else as pinned for .venv; the suite's own hypothesis is untouched.
 $(FUZZ_STAMP): $(STAMP) constraints-hypofuzz.txt

@@ -1,4 +1,4 @@
-"""HypoFuzz over the conformance properties (``make dashboard``; README, "Fuzzing").
+"""HypoFuzz over the conformance properties (``make dashboard``; docs/fuzzing.md).
 
 Runs HypoFuzz's ``hypothesis fuzz`` command from the environment that ``make
 fuzz-env`` builds (``PYTHONPATH=.venvs/hypofuzz``), with one fix to HypoFuzz

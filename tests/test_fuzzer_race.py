@@ -172,7 +172,7 @@ def test_without_a_mutant_the_lap_finds_nothing():
 
 @pytest.mark.needs_vllm
 def test_a_hypofuzz_find_is_replayed_by_pytest(tmp_path):
-    """What README promises of `make dashboard`: a failure HypoFuzz finds lands in the
+    """What docs/fuzzing.md promises of `make dashboard`: a failure HypoFuzz finds lands in the
     example database, and pytest replays it first and keeps the counterexample."""
     if not HAS_HYPOFUZZ:
         pytest.skip("HypoFuzz is not installed here: make fuzz-env (make test installs it)")
