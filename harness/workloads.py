@@ -814,7 +814,7 @@ def with_pool(stream: Stream, pages: int) -> Stream:
 class PoolSearch:
     """The smallest pool that runs a stream without a preemption."""
 
-    pages: int | None  # None: no pool up to MAX_POOL does
+    pages: int | None  # None: no pool does (the largest one tried: ``note``)
     below: Usage | None  # the run at pages - 1 (None: pages is the smallest valid pool)
     runs: dict[int, Usage]
     monotone: bool = True
@@ -822,14 +822,15 @@ class PoolSearch:
 
     def text(self) -> str:
         if self.pages is None:
-            return f"none up to {MAX_POOL:,}"
+            return f"none ({self.note})"
         return f"{self.pages:,}" + ("" if self.monotone else " (not monotone)")
 
 
 def smallest_pool(stream: Stream, engine, first: Usage | None = None) -> PoolSearch:
     """Binary search on ``num_gpu_blocks``, assuming more pages never cause a preemption:
     between the smallest valid pool and one that runs clean (the stream's own pool, else
-    doubled until one does).  The answer ``v`` is checked as run: ``v`` has no preemption
+    doubled until one does, up to room for every request at once, past which more pages
+    change nothing).  The answer ``v`` is checked as run: ``v`` has no preemption
     and ``v - 1`` has one (or is not a valid pool); ``v + 1`` is run too, and a preemption
     there is reported as the search not being monotone around ``v``."""
     runs: dict[int, Usage] = {}
@@ -842,10 +843,16 @@ def smallest_pool(stream: Stream, engine, first: Usage | None = None) -> PoolSea
 
     least = smallest_valid_pool(stream.config)
     hi = max(stream.config.num_gpu_blocks, least)
+    # Past room for every request at once (one full-attention group), pages cannot help.
+    top = MAX_POOL if stream.config.kv_cache_groups is not None else min(MAX_POOL, max(
+        hi, 1 + sum(pages_of(len(r.prompt) + len(r.output)
+                             + stream.config.num_speculative_tokens, stream.config.block_size)
+                    for r in stream.requests)))
     while not at(hi).clean:
-        if hi >= MAX_POOL:
-            return PoolSearch(None, None, runs, note="every pool up to the bound preempts")
-        hi = min(MAX_POOL, hi * 2)
+        if hi >= top:
+            return PoolSearch(None, None, runs, note=f"{hi:,} pages: {at(hi).verdict}, "
+                                                     f"{at(hi).preemptions} preemption(s)")
+        hi = min(top, hi * 2)
     if at(least).clean:
         found = least
     else:

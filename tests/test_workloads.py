@@ -330,6 +330,18 @@ def test_workload_json_and_the_pool_it_finds(small_dir, capsys):
         assert row["peak_pages"] <= row["pool"] - 1
 
 
+def test_search_stops_at_room_for_every_request():
+    """A stream no pool can help (max_steps too short) is reported, not searched forever."""
+    from harness.engines import get_engine
+    stream = parse_stream({
+        "config": {"block_size": 4, "num_gpu_blocks": 16, "max_num_batched_tokens": 16,
+                   "max_num_seqs": 4, "max_model_len": 32, "max_steps": 5},
+        "requests": [{"id": "a", "prompt": list(range(1, 20)), "output": list(range(30, 40))}]})
+    found = smallest_pool(stream, get_engine("reference"))
+    assert found.pages is None and sorted(found.runs) == [16]
+    assert found.text() == "none (16 pages: max_steps, 0 preemption(s))"
+
+
 def test_workload_plot(small_dir, tmp_path, capsys):
     pytest.importorskip("matplotlib")
     plot = tmp_path / "usage.png"
