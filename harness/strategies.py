@@ -30,8 +30,8 @@ Public strategies:
   that decide their pages;
 * :func:`lora_streams` (LoRA adapters), :func:`grammar_streams`
   (structured output) and :func:`mm_streams` (images), as servers send them;
-  :func:`encoder_pressure_streams` and :func:`mm_hash_streams` for the
-  encoder cache's and the image hashes' rarer rules;
+  :func:`encoder_pressure_streams`, :func:`encoder_preemption_streams` and
+  :func:`mm_hash_streams` for the encoder cache's and the image hashes' rarer rules;
 * :func:`any_stream`, which mixes all of them.
 
 Shrinking, in general: fewer requests, shorter prompts and outputs, earlier
@@ -61,7 +61,7 @@ __all__ = [
     "crowd_streams", "set_aside_streams", "set_aside_threshold_streams",
     "priority_victim_streams", "priority_victim_draft_streams", "hybrid_streams",
     "window_hit_streams", "draft_window_streams", "lora_streams", "grammar_streams",
-    "mm_streams", "encoder_pressure_streams", "mm_hash_streams",
+    "mm_streams", "encoder_pressure_streams", "encoder_preemption_streams", "mm_hash_streams",
     "kv_cache_groups", "any_stream", "request_ids",
 ]
 
@@ -1124,6 +1124,60 @@ def encoder_pressure_streams(draw, **knobs: Any) -> dict[str, Any]:
         if items:
             request["mm_inputs"] = items
     return data
+
+@st.composite
+def encoder_preemption_streams(draw, **knobs: Any) -> dict[str, Any]:
+    """A request preempted in the middle of its image while another needs the encoder
+    cache's room (the bundled mm_preempted_lets_go_of_encoder_output, varied).  The
+    first request has a text head of two or three pages and an image (``dog``) at its
+    end; the second a head shorter than a page, its image (``cat``) and a short tail.
+    Prefills are cut to one page a step, the cache holds one image, and the pool holds
+    the first request and one page more, so the second request, the last to join, is
+    preempted once its image is encoded but before its placeholder is computed; its
+    image must leave the cache, or the first request's image cannot be encoded.  Now and
+    then a third request, a spare page, a larger cache or priority scheduling change who
+    waits.  ``knobs`` are not used (the requests are built here).
+    Shrinks towards: pages of 4, the bundled stream's shape.
+    """
+    block_size = draw(st.sampled_from([4, 2, 8]))
+    length = draw(st.integers(2, 2 * block_size))
+    first_text = draw(st.integers(2, 3)) * block_size
+    first = {"prompt": _tokens(draw, first_text, DEFAULT_VOCAB_SIZE) + [0] * length,
+             "mm_inputs": [{"offset": first_text, "length": length, "hash": "dog"}],
+             "output": _tokens(draw, 1, DEFAULT_VOCAB_SIZE)}
+    usable = -(-len(first["prompt"]) // block_size)  # the pages of the first prompt
+    fits = usable * block_size  # what one request may hold: its output token is not computed
+    max_model_len = fits + block_size  # the smallest legal pool is then usable + the null page
+    head = draw(st.integers(1, block_size - 1))
+    tail = draw(st.integers(0, min(block_size, fits - head - length - 1)))
+    second = {"prompt": (_tokens(draw, head, DEFAULT_VOCAB_SIZE) + [0] * length
+                         + _tokens(draw, tail, DEFAULT_VOCAB_SIZE)),
+              "mm_inputs": [{"offset": head, "length": length, "hash": "cat"}]}
+    second["output"] = _tokens(draw, draw(st.integers(1, fits - len(second["prompt"]))),
+                               DEFAULT_VOCAB_SIZE)
+    requests = [first, second]
+    if _one_in(draw, 4):
+        requests.append({"prompt": _tokens(draw, draw(st.integers(1, fits - 1)),
+                                           DEFAULT_VOCAB_SIZE),
+                         "output": _tokens(draw, 1, DEFAULT_VOCAB_SIZE),
+                         "arrival_step": draw(st.integers(0, 3))})
+    pages = usable + 1 + draw(_rarely(st.just(1), st.just(0), one_in=4))
+    config = draw(configs(block_size=block_size, max_model_len=max_model_len,
+                          num_gpu_blocks=pages, enable_chunked_prefill=True,
+                          enable_prefix_caching=st.booleans(), max_num_seqs=st.integers(2, 3),
+                          max_num_batched_tokens=2 * block_size,
+                          long_prefill_token_threshold=block_size,
+                          policy=st.sampled_from(["fcfs", "priority"]),
+                          num_speculative_tokens=0))
+    config["encoder_compute_budget"] = length + draw(st.integers(0, 1))
+    config["encoder_cache_size"] = length + draw(_rarely(st.integers(1, length - 1),
+                                                         st.just(0), one_in=4))
+    ids = draw(request_ids(len(requests)))
+    for rid, request in zip(ids, requests):
+        request["id"] = rid
+        if config["policy"] == "priority":
+            request["priority"] = draw(st.integers(0, 1))
+    return {"config": config, "requests": requests}
 
 
 @st.composite

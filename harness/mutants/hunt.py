@@ -221,7 +221,8 @@ def kill_rows(mutants: list[Mutant], profile: str = "ci", workers: int | None = 
     hunted = [m for m in mutants if not m.equivalent]
     on_streams = [m.name for m in hunted if m.checked_by == "streams" and not m.release]
     # The sets with the most streams first, so that no worker is left with a long one at
-    # the end while the others idle (encoder_pressure has ten times a property's streams).
+    # the end while the others idle (async_scheduling and priority_victim_drafts have three
+    # times a property's streams).
     sets = [p.name for p in sorted(PROPERTIES, key=lambda p: -p.scale)] + [MAIN_JOB]
     results: dict[str, dict] = {}
     workers = max(1, min(workers or os.cpu_count() or 1, len(sets)))
