@@ -142,8 +142,9 @@ class Progress:
 def run_campaign(examples: int | None = None, seed: int | None = None,
                  profile: str | None = None, engines: tuple[str, ...] = ("vllm",),
                  workers: int = 1, ray: str | None = None,
-                 chunk_streams: int = CHUNK_STREAMS) -> CampaignResult:
-    """Check ``examples`` streams of the whole space from ``seed`` (drawn when None) until
+                 chunk_streams: int = CHUNK_STREAMS, prop: str = "whole_space") -> CampaignResult:
+    """Check ``examples`` streams of the whole space (or of the property named ``prop``)
+    from ``seed`` (drawn when None) until
     all have run, one diverges, or a stop.  Each stream is checked on every engine of
     ``engines`` that takes it (the first one's runs are the summary's).  The chunks run
     in this process (``workers`` 1), on ``workers`` forked processes, or on Ray
@@ -151,7 +152,7 @@ def run_campaign(examples: int | None = None, seed: int | None = None,
     name = profiles.load(profile)
     examples = examples or settings().max_examples
     seed = random.SystemRandom().randrange(2**32) if seed is None else seed
-    chunks = chunks_of(examples, seed, chunk_streams)
+    chunks = chunks_of(examples, seed, chunk_streams, prop)
     gathered = Gathered(chunks)
     folder = counterexamples_dir() / ".fuzz-chunks"
     shutil.rmtree(folder, ignore_errors=True)
@@ -249,11 +250,12 @@ def summary_lines(r: CampaignResult) -> list[str]:
 
 def fuzz(examples: int | None = None, seed: int | None = None, profile: str | None = None,
          as_json: bool = False, engines: list[str] | None = None, workers: int = 1,
-         ray: str | None = None, chunk_streams: int = CHUNK_STREAMS) -> int:
+         ray: str | None = None, chunk_streams: int = CHUNK_STREAMS,
+         prop: str = "whole_space") -> int:
     """The ``fuzz`` command: 0 clean, 1 a divergence or a lost chunk, 130 interrupted."""
     import json
     r = run_campaign(examples, seed, profile, tuple(engines or ["vllm"]), workers, ray,
-                     chunk_streams)
+                     chunk_streams, prop)
     if as_json:
         print(json.dumps(r.to_json(), indent=1, sort_keys=True))
     else:

@@ -2,7 +2,7 @@
 
 A campaign of N streams from seed S is the chunks ``0 .. ceil(N / CHUNK_STREAMS) - 1``;
 chunk i is a hypothesis run of up to ``CHUNK_STREAMS`` streams of the whole space
-from a seed derived from (S, i) (chunk 0's is S itself).  What a chunk checks depends on (S, i) alone, not
+(or of one named property) from a seed derived from (S, i) (chunk 0's is S itself).  What a chunk checks depends on (S, i) alone, not
 on the process that runs it, so one worker running the chunks in order, eight
 forked workers, or a Ray cluster check exactly the same streams.
 
@@ -45,6 +45,7 @@ class Chunk:
     index: int
     seed: int  # the hypothesis seed of this chunk
     examples: int
+    property: str = "whole_space"  # whose streams (harness.properties)
 
 
 def chunk_seed(seed: int, index: int) -> int:
@@ -55,10 +56,11 @@ def chunk_seed(seed: int, index: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{index}".encode()).digest()[:8], "big")
 
 
-def chunks_of(examples: int, seed: int, size: int = CHUNK_STREAMS) -> list[Chunk]:
-    """The chunks of a campaign of ``examples`` streams from ``seed``, ``size`` streams each
-    (the last one fewer)."""
-    return [Chunk(i, chunk_seed(seed, i), min(size, examples - start))
+def chunks_of(examples: int, seed: int, size: int = CHUNK_STREAMS,
+              prop: str = "whole_space") -> list[Chunk]:
+    """The chunks of a campaign of ``examples`` streams of property ``prop`` from ``seed``,
+    ``size`` streams each (the last one fewer)."""
+    return [Chunk(i, chunk_seed(seed, i), min(size, examples - start), prop)
             for i, start in enumerate(range(0, examples, size))]
 
 
@@ -77,16 +79,17 @@ class ChunkResult:
     interrupted: bool = False
 
 
-def given_campaign(body, examples: int, seed: int | None, base: settings | None = None):
-    """``body`` as a hypothesis test: ``examples`` streams of the whole space, from
-    ``seed`` when given (the main job's are seed 0), else as the profile says.
-    The mutant hunt draws the main job's streams through this too."""
+def given_campaign(body, examples: int, seed: int | None, base: settings | None = None,
+                   prop: str = "whole_space"):
+    """``body`` as a hypothesis test: ``examples`` streams of the whole space (or of
+    property ``prop``), from ``seed`` when given (the main job's are seed 0), else as the
+    profile says.  The mutant hunt draws the main job's streams through this too."""
     base = base or settings()
     test = settings(base, max_examples=examples, print_blob=False, deadline=None,
                     suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
                     derandomize=base.derandomize and seed is None,
                     database=None if seed is not None else base.database)(
-        given(by_name("whole_space").strategy())(body))
+        given(by_name(prop).strategy())(body))
     return fixed_seed(seed)(test) if seed is not None else test
 
 
@@ -137,7 +140,7 @@ def run_chunk(chunk: Chunk, profile: str, engines: tuple[str, ...], folder: Path
 
     started = time.perf_counter()
     try:
-        given_campaign(body, chunk.examples, chunk.seed, settings())()
+        given_campaign(body, chunk.examples, chunk.seed, settings(), chunk.property)()
     except (Divergent, Flaky) as exc:
         result.divergence = str(exc)
         result.counterexample = read_json(counterexample_path(folder, chunk.index))

@@ -272,8 +272,13 @@ def cmd_fuzz(ns) -> int:
     engines = vllm_engines(ns.engines)
     if ns.ray is not None and ns.workers is not None:
         raise UsageError("--workers: not with --ray (Ray places the chunks on the cluster's cores)")
+    from harness.properties import PROPERTIES
+    known = [p.name for p in PROPERTIES]
+    if ns.property not in known:
+        raise UsageError(f"--property: {ns.property[:60]!r} is not one of {', '.join(known)}")
     return fuzz(examples=ns.examples, seed=ns.seed, profile=ns.profile, as_json=ns.json,
-                engines=engines, workers=ns.workers or default_workers(), ray=ns.ray)
+                engines=engines, workers=ns.workers or default_workers(), ray=ns.ray,
+                prop=ns.property)
 
 
 def cmd_coverage(ns) -> int:
@@ -605,6 +610,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--seed", type=int, default=None)
     f.add_argument("--profile", choices=("ci", "dev", "nightly"), default=None,
                    help="hypothesis profile (default: ci when a CI system is detected, else dev)")
+    f.add_argument("--property", default="whole_space", metavar="NAME",
+                   help="whose streams: a conformance property (default whole_space, which "
+                        "mixes the others; e.g. real_workloads: windows of real traces)")
     f.add_argument("--json", action="store_true", help="the result as one JSON object")
     f.add_argument("--engines", default="vllm",
                    help="the vLLM engines each stream is checked on against the reference, "

@@ -20,6 +20,7 @@ FIXTURES_DIR = ROOT / "fixtures" if (ROOT / "fixtures").is_dir() else _PACKAGE /
 MODELS_DIR = FIXTURES_DIR / "models"
 STREAMS_DIR = FIXTURES_DIR / "streams"
 TRACES_DIR = FIXTURES_DIR / "traces"
+WORKLOADS_DIR = FIXTURES_DIR / "workloads"
 DOCS_DIR = ROOT / "docs"
 STREAM_SCHEMA = _PACKAGE / "schemas" / "stream.schema.json"
 

@@ -119,6 +119,7 @@ PROPERTIES: tuple[Property, ...] = (
                       "empty_batch_does_not_wait", "placeholders_not_scheduled",
                       "sampling_ignores_placeholders", "async_outputs_not_cached",
                       "placeholders_kept_after_output"), scale=3),
+    Property("real_workloads", st.real_workload_streams),
     Property("pipeline_parallel", st.pipeline_streams,
              targets=("pipeline_stages_ignored", "batch_applied_at_once")),
 )

@@ -748,6 +748,7 @@ class Usage:
     running: list[int]  # per step, after it: requests RUNNING
     peak_pages: dict[str, int]  # per request: its largest block table (pages at once)
     failure: str | None = None
+    highest_page: int = 0  # the largest page id handed out
 
     @property
     def hit_share(self) -> float:
@@ -778,7 +779,7 @@ def usage_of(stream: Stream, steps: list[dict], verdict: str,
     first_hit: dict[str, int] = {}
     table: dict[str, int] = {}
     peak: dict[str, int] = {}
-    preemptions = 0
+    preemptions = highest = 0
     in_use, running = [], []
     for step in steps:
         for rid in step["preempted"]:
@@ -791,11 +792,12 @@ def usage_of(stream: Stream, steps: list[dict], verdict: str,
         for rid, groups in step["new_block_ids"].items():
             table[rid] = table.get(rid, 0) + sum(1 for g in groups for b in g if b != 0)
             peak[rid] = max(peak.get(rid, 0), table[rid])
+            highest = max([highest, *(b for g in groups for b in g)])
         in_use.append(pool - 1 - step["free_blocks"])
         running.append(sum(1 for s in step["status"].values() if s == "RUNNING"))
     return Usage(verdict, len(steps), sum(len(r.prompt) for r in stream.requests),
                  sum(first_hit.values()), preemptions, in_use, running, peak,
-                 None if failure is None else failure.get("message"))
+                 None if failure is None else failure.get("message"), highest)
 
 
 def run_usage(engine, stream: Stream) -> Usage:
@@ -812,7 +814,7 @@ def with_pool(stream: Stream, pages: int) -> Stream:
 
 @dataclass
 class PoolSearch:
-    """The smallest pool that runs a stream without a preemption."""
+    """The smallest pool from which every larger one runs a stream without a preemption."""
 
     pages: int | None  # None: no pool does (the largest one tried: ``note``)
     below: Usage | None  # the run at pages - 1 (None: pages is the smallest valid pool)
@@ -826,13 +828,23 @@ class PoolSearch:
         return f"{self.pages:,}" + ("" if self.monotone else " (not monotone)")
 
 
+#: Pools the search runs one by one at most; with more to cover it bisects.
+SCAN_RUNS = 256
+
+
 def smallest_pool(stream: Stream, engine, first: Usage | None = None) -> PoolSearch:
-    """Binary search on ``num_gpu_blocks``, assuming more pages never cause a preemption:
-    between the smallest valid pool and one that runs clean (the stream's own pool, else
-    doubled until one does, up to room for every request at once, past which more pages
-    change nothing).  The answer ``v`` is checked as run: ``v`` has no preemption
-    and ``v - 1`` has one (or is not a valid pool); ``v + 1`` is run too, and a preemption
-    there is reported as the search not being monotone around ``v``."""
+    """The smallest ``num_gpu_blocks`` from which every larger pool runs the stream without
+    a preemption.
+
+    More pages do not always mean fewer preemptions: the pool's size changes which
+    cached pages are evicted and so which prefixes hit.  So the pools are run one by
+    one, from room for every request at once (past which pages cannot help; less when the
+    run there never reached its last pages) down to the first that preempts; the answer
+    is the pool above it.  Where that would take more
+    than ``SCAN_RUNS`` runs (and for hybrid models, whose room is not a simple sum) it
+    bisects between the smallest valid pool and one that runs clean (the stream's own,
+    else doubled until one does), checks one page either side, and reports
+    ``monotone`` False when the page above preempts again."""
     runs: dict[int, Usage] = {}
 
     def at(pages: int) -> Usage:
@@ -843,11 +855,17 @@ def smallest_pool(stream: Stream, engine, first: Usage | None = None) -> PoolSea
 
     least = smallest_valid_pool(stream.config)
     hi = max(stream.config.num_gpu_blocks, least)
-    # Past room for every request at once (one full-attention group), pages cannot help.
     top = MAX_POOL if stream.config.kv_cache_groups is not None else min(MAX_POOL, max(
         hi, 1 + sum(pages_of(len(r.prompt) + len(r.output)
                              + stream.config.num_speculative_tokens, stream.config.block_size)
                     for r in stream.requests)))
+    if stream.config.kv_cache_groups is None and at(top).clean:
+        # The free queue hands out never-used pages in id order before any freed one, so
+        # a run that never went past page M never reused a page, and runs the same in
+        # any pool that holds M: the scan can start there.
+        top = max(least, min(top, at(top).highest_page + 1))
+    if top - least < SCAN_RUNS:
+        return _scan_down(at, least, top, runs)
     while not at(hi).clean:
         if hi >= top:
             return PoolSearch(None, None, runs, note=f"{hi:,} pages: {at(hi).verdict}, "
@@ -866,11 +884,24 @@ def smallest_pool(stream: Stream, engine, first: Usage | None = None) -> PoolSea
         found = hi
     below = at(found - 1) if found > least else None
     monotone = at(found).clean and (below is None or not below.clean)
-    note = ""
+    note = "bisected"
     if found + 1 <= MAX_POOL and not at(found + 1).clean:
         monotone = False
-        note = f"{found + 1} pages preempt again"
+        note = f"bisected; {found + 1} pages preempt again"
     return PoolSearch(found, below, runs, monotone, note)
+
+
+def _scan_down(at: Callable[[int], Usage], least: int, top: int,
+               runs: dict[int, Usage]) -> PoolSearch:
+    """Every pool from ``top`` down to the first that preempts (or to ``least``)."""
+    if not at(top).clean:
+        return PoolSearch(None, None, runs, note=f"{top:,} pages: {at(top).verdict}, "
+                                                 f"{at(top).preemptions} preemption(s)")
+    found = top
+    while found > least and at(found - 1).clean:
+        found -= 1
+    below = at(found - 1) if found > least else None
+    return PoolSearch(found, below, runs)
 
 
 @dataclass
@@ -901,8 +932,8 @@ COLUMNS = ("stream", "requests", "steps", "prefix hits", "preemptions", "peak pa
 CAPTION = ("prefix hits: share of prompt tokens found in the prefix cache at each request's "
            "first admission; peak pages: most pages held by requests after a step; "
            "pages/request: mean of each request's largest block table; smallest pool: fewest "
-           "pages (num_gpu_blocks, the null page included) that run the stream without a "
-           "preemption, and what one page fewer does")
+           "pages (num_gpu_blocks, the null page included) from which every larger pool "
+           "runs the stream without a preemption, and what one page fewer does")
 
 
 def _row(r: Report) -> list[str]:

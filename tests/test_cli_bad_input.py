@@ -109,6 +109,12 @@ def test_cli_fuzz_and_coverage_unknown_engine(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_cli_fuzz_unknown_property(tmp_path):
+    line = assert_bad_input(run_cli(["fuzz", "--property", "real_traffic"], cwd=tmp_path))
+    assert line.startswith("error: --property: 'real_traffic' is not one of whole_space, ")
+    assert "real_workloads" in line
+    assert list(tmp_path.iterdir()) == []
+
 def test_cli_capture_check_refuses_a_file_that_is_not_a_trace(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(stream()))  # a stream, not a trace
