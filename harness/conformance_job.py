@@ -1,12 +1,12 @@
 """``make conformance``: the main job, with one verdict at the end.
 
-Five parts: every bundled stream of ``fixtures/streams`` through vLLM and the
+Six parts: every bundled stream of ``fixtures/streams`` through vLLM and the
 reference; the KV sizing of every bundled model (``fixtures/models``), the
 reference's against vLLM's own computation; the recorded vLLM traces of every
 described release (``fixtures/traces``) replayed against the reference stating
 that release, so each rule change of a later release is checked too; a
-fixed-seed hypothesis campaign;
-the seed example as a table of vLLM's run (its KB figures from vLLM's KV cache
+fixed-seed hypothesis campaign of the whole space, and one over windows of the
+bundled real traces (property ``real_workloads``, fixtures/workloads); the seed example as a table of vLLM's run (its KB figures from vLLM's KV cache
 spec).  The verdict is CONFORMS only when every part is clean.
 """
 
@@ -25,6 +25,8 @@ from harness.stream import load_stream
 from harness.table import render
 
 SEED_STREAM = STREAMS_DIR / "seed_eos_4_1_1.json"
+#: Streams of the real-traffic campaign (about 60 a second on 2 cores).
+REAL_TRAFFIC_EXAMPLES = 200
 
 
 def main(examples: int = MAIN_JOB_EXAMPLES) -> int:
@@ -42,14 +44,20 @@ def main(examples: int = MAIN_JOB_EXAMPLES) -> int:
     print(f"\n== hypothesis campaign ({examples} streams)")
     fuzz_status = fuzz(examples=examples, seed=MAIN_JOB_SEED, profile=None,
                        chunk_streams=examples)
+    print(f"\n== real traffic: {REAL_TRAFFIC_EXAMPLES} windows of the bundled Mooncake and "
+          "Azure traces (fixtures/workloads)")
+    real_status = fuzz(examples=REAL_TRAFFIC_EXAMPLES, seed=MAIN_JOB_SEED, profile=None,
+                       chunk_streams=REAL_TRAFFIC_EXAMPLES, prop="real_workloads")
     vllm = get_engine("vllm")
     if SEED_STREAM.exists():
         print("\n== the seed example, step by step (real vLLM)")
         print(render(run(vllm, load_stream(SEED_STREAM)).to_json()))
-    good = ok == total and kv_ok == kv_total and rec_ok == rec_total and fuzz_status == 0
+    good = (ok == total and kv_ok == kv_total and rec_ok == rec_total and fuzz_status == 0
+            and real_status == 0)
     print(f"\nVERDICT: {'CONFORMS' if good else 'DIVERGES'} -- reference vs vLLM {vllm.version()}: "
           f"{ok}/{total} bundled streams equal, {kv_ok}/{kv_total} KV sizing checks equal, "
           f"{rec_ok}/{rec_total} recorded traces replay, campaign of {examples} streams "
-          f"{'clean' if fuzz_status == 0 else 'found a divergence'}")
+          f"{'clean' if fuzz_status == 0 else 'found a divergence'}, {REAL_TRAFFIC_EXAMPLES} "
+          f"real-traffic windows {'clean' if real_status == 0 else 'found a divergence'}")
     sys.stdout.flush()
     return 0 if good else 1

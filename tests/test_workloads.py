@@ -405,3 +405,35 @@ def test_docs_example_is_real(tmp_path):
                               text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.replace(folder, "/tmp/mooncake") == shown[command]
+
+
+def test_smallest_pool_is_where_every_larger_pool_runs_clean():
+    """More pages do not always mean fewer preemptions: on the bundled window 80 pages run
+    clean and 91 preempt once, so the answer is 92, from which every pool up to room for
+    every request runs clean (the scan ran each; vLLM's recorded traces of
+    real_mooncake_smallest_pool and real_mooncake_one_page_fewer hold 92 and 91 on every
+    recorded release)."""
+    from harness.engines import get_engine
+    from harness.paths import STREAMS_DIR
+    engine = get_engine("reference", release="0.11.0")
+    stream = load_stream(STREAMS_DIR / "real_mooncake_smallest_pool.json")
+    search = smallest_pool(stream, engine)
+    assert search.pages == 92 and search.monotone and not search.note
+    assert all(u.clean for pages, u in search.runs.items() if pages >= 92)
+    assert not search.runs[91].clean
+    assert run_usage(engine, with_pool(stream, 80)).clean
+
+
+def test_a_campaign_of_real_workloads_draws_windows_of_the_samples():
+    """``fuzz --property real_workloads``: the chunks draw that property's streams (the
+    importer's request ids, each request's arrival step), not the whole space's."""
+    from harness.chunks import chunks_of, given_campaign
+    assert {c.property for c in chunks_of(120, 0, prop="real_workloads")} == {"real_workloads"}
+    seen: list[dict] = []
+
+    def body(data):
+        seen.append(data)
+
+    given_campaign(body, 5, 0, prop="real_workloads")()
+    assert seen and all(r["id"].startswith("r") and "arrival_step" in r
+                        for data in seen for r in data["requests"])
