@@ -171,6 +171,9 @@ NOT_RUN = [
      "the rule report: the ci profile's streams under every mutant (8 minutes and more)"),
     (r"bench",
      "the benchmark: 35 s to 3 minutes, matplotlib for the plot"),
+    (r"harness check mc/",
+     "needs the folder the import before it writes, and vLLM on 30 streams (about 40 s); "
+     "such windows are checked by the real_workloads property"),
     (r"harness (import|workload)",
      "the synopsis, or docs/workloads.md's example: rerun into a temporary folder and its "
      "output compared with the page by tests/test_workloads.py::test_docs_example_is_real"),
