@@ -18,10 +18,19 @@ lookahead and the dropped last hit); stops by ``max_tokens``,
 pooled output; aborts; ``reset_prefix_cache``; the worker's slot mapping; the
 scheduler stats reported after every step (``stats``).
 
+The engine around the scheduler, as far as a trace shows it: KV connectors'
+scheduler side (``kv_connector``: external hits, async loads, pages kept for
+sending); the async scheduler's output placeholders (``async_scheduler``);
+EngineCore's batch queue under async scheduling and pipeline stages, which
+decides when a batch's output is applied (``engine_core``); the KV cache
+events a router reads (``kv_events``); and KV sizing at start-up from the
+model's config (``kv_sizing``, ``kv_sizing_hybrid``).  The releases after
+0.11.0 are ``releases``: each rule change named, with its release and PR, and
+switched on by ``Config.has``.
+
 What it leaves out, because the harness never turns it on: encoder-decoder
-models (``encoder_inputs`` has the two branches, unused), KV connectors (P/D
-disaggregation, offloading), token-level pooling tasks, async
-scheduling and output placeholders, pipeline and decode-context parallelism,
-cascade attention's common prefix counts, KV cache events, and the per-request
-timestamps of vLLM's stats (wall-clock).
+models (``encoder_inputs`` has the two branches, unused), token-level pooling
+tasks, decode-context parallelism, cascade attention's common prefix counts,
+the stages' share of a model's layers under pipeline parallelism (the pool is
+one worker's), and the per-request timestamps of vLLM's stats (wall-clock).
 """
