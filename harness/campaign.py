@@ -106,37 +106,50 @@ def stop_on_signals() -> Iterator[threading.Event]:
 
 
 class Progress:
-    """A bar redrawn in place on a terminal; a line per tenth of the campaign otherwise."""
+    """A campaign's progress on stderr: rich's bar on a terminal; in a log (CI), a line per
+    tenth of the campaign, and one line when a divergence starts shrinking."""
 
     def __init__(self, total: int):
         self.total = total
         self.started = time.monotonic()
         self.tty = sys.stderr.isatty()
         self.said_shrinking = False
+        self.bar = None
+        if self.tty:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as Bar
+            self.bar = Bar(BarColumn(), MofNCompleteColumn(), TextColumn("streams ({task.fields[rate]})"),
+                           TimeElapsedColumn(), TextColumn("{task.description}"),
+                           console=Console(stderr=True))
+            self.task = self.bar.add_task("", total=total, rate="0/s")
+            self.bar.start()
         self.update(0)
 
     def update(self, done: int, shrinking: int = 0) -> None:
-        tenth = max(self.total // 10, 1)
-        if not self.tty and shrinking:
+        rate = done / max(time.monotonic() - self.started, 1e-9)
+        if self.bar is not None:
+            self.bar.update(self.task, completed=done, rate=f"{rate:.0f}/s", description=(
+                f"shrinking a divergence ({shrinking} runs)" if shrinking else ""))
+            return
+        if shrinking:
             if not self.said_shrinking:  # once: the lines would otherwise stop while it shrinks
                 self.said_shrinking = True
                 sys.stderr.write(f"divergence after {done} streams; shrinking it\n")
                 sys.stderr.flush()
             return
-        if not self.tty and done % tenth and done != self.total:
+        tenth = max(self.total // 10, 1)
+        if done % tenth and done != self.total:
             return
         width = 30
         filled = min(width, width * done // max(self.total, 1))
-        rate = done / max(time.monotonic() - self.started, 1e-9)
-        line = f"[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} streams ({rate:.0f}/s)"
-        if shrinking:
-            line += f", shrinking a divergence ({shrinking} runs)"
-        sys.stderr.write(f"\r{line}" if self.tty else f"{line}\n")
+        sys.stderr.write(f"[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} streams "
+                         f"({rate:.0f}/s)\n")
         sys.stderr.flush()
 
     def close(self) -> None:
-        if self.tty:
-            sys.stderr.write("\n")
+        if self.bar is not None:
+            self.bar.stop()
 
 
 def run_campaign(examples: int | None = None, seed: int | None = None,
