@@ -104,10 +104,16 @@ def test_profile_bad_input_is_one_line_and_exit_2(args, says, tmp_path):
 
 @pytest.mark.needs_vllm
 def test_the_profile_against_vllm_itself(vllm_engine):
-    p = profile(EXAMPLE, streams=4, families=["preemption"], against="vllm",
+    """25 streams of one family judged against vLLM's own runs: every one is taken and
+    diverges for the example's two rules, and none for the reference."""
+    p = profile(EXAMPLE, streams=25, families=["preemption"], against="vllm",
                 shrink_examples=False)
     assert p.against == "vllm" and not p.conforms
+    [family] = p.families
+    assert family.streams == 25 and family.not_taken == 0
+    assert family.diverge + family.conform == 25 and family.diverge >= 20
+    assert family.unexplained == 0
     assert "no_null_block" in p.rules and set(p.rules) <= {"free_forward_order", "no_null_block"}
-    clean = profile(REFERENCE, streams=4, families=["preemption"], against="vllm",
+    clean = profile(REFERENCE, streams=25, families=["preemption"], against="vllm",
                     shrink_examples=False)
-    assert clean.conforms
+    assert clean.conforms and clean.families[0].conform == 25
