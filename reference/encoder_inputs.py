@@ -70,6 +70,7 @@ def try_schedule_encoder_inputs(
     is_encoder_decoder: bool = False,
     lookahead: int = 0,
     encode_ahead: bool = True,
+    whole_item_lookahead: int = 0,
 ) -> tuple[list[int], int, int]:
     """The items to encode this step, the tokens still granted, the budget left.
 
@@ -89,7 +90,11 @@ def try_schedule_encoder_inputs(
     whole-item check of ``disable_chunked_mm_input`` still looks at the range
     itself.  Without ``encode_ahead`` (from 0.13.0: rule change
     ``eagle_lookahead_item_waits``) such an item is looked up and must fit, but
-    is encoded only once the range itself reaches it.
+    is encoded only once the range itself reaches it.  ``whole_item_lookahead``
+    (from 0.17.0, the drafter's one token: rule change
+    ``eagle_whole_item_cut_one_token_earlier``) moves the whole-item cut of
+    ``disable_chunked_mm_input`` that many tokens earlier too, to nothing at the least,
+    so the drafter's read past the range stays before the placeholder.
     """
     items = request.encoder_inputs
     if num_new_tokens == 0 or not items:
@@ -113,7 +118,7 @@ def try_schedule_encoder_inputs(
             if cache.check_and_update_cache(request, i):
                 continue
         if disable_chunked_mm_input and cut_to_whole_item(item, num_computed_tokens, range_end):
-            num_new_tokens = item.offset - num_computed_tokens
+            num_new_tokens = tokens_before(item, num_computed_tokens + whole_item_lookahead)
             break
         if not cache.can_allocate(request, i, encoder_compute_budget, room_to_take):
             # No budget or no room: the encoder runs an item whole or not at all.

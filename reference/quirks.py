@@ -89,6 +89,16 @@ MM_HASH_ON_BLOCK_AFTER_A_LATER_HASHING
     holds two placeholders gets only the last one's hash.
     Code: block_hash.mm_keys, block_hash.first_item_to_look_at.
 
+ABORTED_LOAD_REPORTED_TWICE
+    From 0.16.0 (releases: aborted_load_keeps_pages_until_done, vLLM PR #32255) a
+    request aborted while its asynchronous KV load runs keeps its pages until the
+    worker reports the load done.  When its connector also keeps the pages to send
+    them, two reports come: whichever comes first frees the request, and the second
+    names a request the scheduler no longer knows, which ``_update_from_kv_xfer_finished``
+    asserts against: the engine raises ``AssertionError`` (0.15.1 kept the request for
+    the send and only noted the load).  The reference raises at the same step.
+    Code: scheduler.Scheduler.take_transfers.
+
 STALE_WORKER_ROWS
     The worker's block table rows are fixed-size and not cleared when a row is
     rewritten, so a slot looked up past a row's length reads an old page id.

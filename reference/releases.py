@@ -164,6 +164,35 @@ CHANGES: tuple[RuleChange, ...] = (
         "whose asynchronous load is done hears of its loaded pages again when it is "
         "admitted."),
     RuleChange(
+        "loaded_preempted_request_resumes", "0.14.0", "#31583",
+        "A request preempted earlier whose asynchronous KV load is reported done goes back "
+        "to PREEMPTED, no longer to WAITING, so it is admitted as a resumed request; while "
+        "it cannot be admitted (no pages, no room for its whole sequence, ...) it shows as "
+        "PREEMPTED.  Found by the 5,000-stream 0.19.0 upgrade check."),
+    RuleChange(
+        "failed_admission_lets_go_of_encoder_inputs", "0.14.0", "#31857",
+        "A waiting request turned away because its pages cannot be allocated (from 0.19.0 "
+        "also because its whole sequence would not fit) lets go of the encoder-cache "
+        "entries its lookup found, so they can be evicted for other items; 0.11.0 kept "
+        "them held by it until it was admitted or finished.  Found by the 5,000-stream "
+        "0.19.0 upgrade check."),
+    RuleChange(
+        "aborted_load_keeps_pages_until_done", "0.16.0", "#32255",
+        "A request aborted while its asynchronous KV load runs (not yet reported done) "
+        "keeps its pages until the worker reports the load done; they are freed then, after "
+        "the step's other frees.  An abort after the load was reported done frees them at "
+        "once, as 0.11.0 always did.  When the connector also keeps the pages to send them, "
+        "the later of the two reports names a request no longer known and the engine raises "
+        "AssertionError (quirks.ABORTED_LOAD_REPORTED_TWICE).  Found by the 5,000-stream "
+        "0.19.0 upgrade check."),
+    RuleChange(
+        "eagle_whole_item_cut_one_token_earlier", "0.17.0", "#34220",
+        "With disable_chunked_mm_input and an eagle drafter, a grant that would end inside a "
+        "placeholder it enters from before is cut one token before the placeholder (to "
+        "nothing at the least), as the encoder-budget cut already was, so the drafter's read "
+        "one position ahead stays out of it.  Found by the 5,000-stream 0.19.0 upgrade "
+        "check."),
+    RuleChange(
         "grammar_rows_skip_prefill_chunks", "0.17.0", "",
         "Structured output: a constrained request whose step leaves part of its known "
         "tokens uncomputed (a prefill chunk: it samples nothing) gets no bitmask row and no "

@@ -136,8 +136,9 @@ class Scheduler:
         self.waiting.remove_all(leaving_waiting)
         self.set_aside_queue.remove_all(leaving_waiting)
         for request in found:
+            loading = self.load_under_way(request)
             request.status = status
-            self._free_request(request)
+            self._free_request(request, keep_pages=loading)
 
     def abort_passes_over(self, request: Request) -> bool:
         """A finished request is still known while a KV connector sends its pages.  From
@@ -145,10 +146,25 @@ class Scheduler:
         once more, and the worker of it."""
         return request.is_finished and self.config.has("abort_skips_finished_requests")
 
-    def _free_request(self, request: Request) -> None:
+    def load_under_way(self, request: Request) -> bool:
+        """Whether an abort finds the request's asynchronous load still running.  From
+        0.16.0 (aborted_load_keeps_pages_until_done) its pages are then kept until the
+        worker reports the load done, since the worker may still be writing into them; a
+        load already reported done is forgotten and the pages go at once.  Up to 0.15.1
+        they go at once in both cases."""
+        if (request.status != RequestStatus.WAITING_FOR_REMOTE_KVS
+                or not self.config.has("aborted_load_keeps_pages_until_done")):
+            return False
+        if request.request_id in self.finished_recving:
+            self.finished_recving.remove(request.request_id)
+            return False
+        return True
+
+    def _free_request(self, request: Request, keep_pages: bool = False) -> None:
         """A finished request lets go of its encoder outputs and its pages -- unless a KV
-        connector still sends the pages: then they go when the send is reported done."""
-        keep_pages = self.connector_keeps_pages(request)
+        connector still sends the pages (or, ``keep_pages``, still loads into them): then
+        they go when the transfer is reported done."""
+        keep_pages = self.connector_keeps_pages(request) or keep_pages
         self.encoder_cache.free(request)
         self.finished_req_ids.add(request.request_id)
         if not keep_pages:
@@ -275,7 +291,9 @@ class Scheduler:
             request, num_computed, num_new, plan.encoder_budget, self.encoder_cache,
             disable_chunked_mm_input=self.config.disable_chunked_mm_input,
             lookahead=self.drafter_reads_ahead(),
-            encode_ahead=not self.config.has("eagle_lookahead_item_waits"))
+            encode_ahead=not self.config.has("eagle_lookahead_item_waits"),
+            whole_item_lookahead=self.drafter_reads_ahead()
+            if self.config.has("eagle_whole_item_cut_one_token_earlier") else 0)
 
     def drafter_reads_ahead(self) -> int:
         """Placeholders an eagle drafter reads past the granted range: from 0.12.0 one,
@@ -391,12 +409,14 @@ class Scheduler:
                 if num_new == 0:
                     break  # its next item cannot be encoded now: the waiting part ends
             if not self.fits_whole_sequence(request, hit, num_computed):
+                self.not_admitted(request)
                 break
             new_blocks = self.kv.allocate_slots(request, num_new + num_external, num_hit, hit,
                                                 self.admission_lookahead(request, load_async),
                                                 delay_caching=load_async,
                                                 num_external_tokens=num_external)
             if new_blocks is None:
+                self.not_admitted(request)
                 break  # a waiting request never preempts: it waits for pages
             self.tell_connector_pages(request, hit, new_blocks, num_external)
             if load_async:
@@ -410,6 +430,15 @@ class Scheduler:
         if len(set_aside):
             (self.set_aside_queue if self.waits_apart() else self.waiting).prepend_all(
                 set_aside, reverse=self.config.has("set_aside_order_kept"))
+
+    def not_admitted(self, request: Request) -> None:
+        """A waiting request turned away for want of pages after its items were looked up
+        in the encoder cache.  The lookup made it a holder of the cached items it found, so
+        they cannot be evicted; up to 0.13.0 it stays one until it is admitted or finishes.
+        From 0.14.0 (failed_admission_lets_go_of_encoder_inputs) it lets go of them at once,
+        as a finished request does."""
+        if request.encoder_inputs and self.config.has("failed_admission_lets_go_of_encoder_inputs"):
+            self.encoder_cache.free(request)
 
     def next_waiting_queue(self) -> RequestQueue:
         """Where the next waiting request comes from.  Up to 0.17.1 there is one queue (the
@@ -427,13 +456,18 @@ class Scheduler:
 
     def waits_for_remote_kv(self, request: Request) -> bool:
         """A request whose load is not reported done is set aside; once it is, the request
-        takes the loaded tokens as computed and is considered like any other."""
+        takes the loaded tokens as computed and is considered like any other.  It waits
+        again as WAITING -- from 0.14.0 (loaded_preempted_request_resumes) as PREEMPTED
+        when it was preempted before, so it is admitted as a resumed request and shows
+        that status while it cannot be admitted."""
         if request.status != RequestStatus.WAITING_FOR_REMOTE_KVS:
             return False
         if request.request_id not in self.finished_recving:
             return True
         self._take_loaded_tokens(request)
-        request.status = RequestStatus.WAITING
+        request.status = (RequestStatus.PREEMPTED if request.num_preemptions
+                          and self.config.has("loaded_preempted_request_resumes")
+                          else RequestStatus.WAITING)
         return False
 
     def _take_loaded_tokens(self, request: Request) -> None:
@@ -480,10 +514,26 @@ class Scheduler:
     def take_transfers(self, finished_recving, finished_sending) -> None:
         """The worker's report: loads done (the requests may run from the next step) and
         sends done (the pages a finished request kept are freed now, in the report's order;
-        an id the scheduler no longer knows is ignored)."""
-        self.finished_recving.update(finished_recving)
+        an id the scheduler no longer knows is ignored).
+
+        From 0.16.0 (aborted_load_keeps_pages_until_done) a load done for a request
+        aborted while it ran frees the pages the request kept for it, loads before sends.
+        A request aborted while loading whose connector also keeps its pages to send them
+        gets two reports: the first frees it, and the second names a request the scheduler
+        no longer knows, which vLLM asserts against (quirks.ABORTED_LOAD_REPORTED_TWICE)."""
+        frees_loads = self.config.has("aborted_load_keeps_pages_until_done")
+        for req_id in finished_recving:
+            request = self.requests.get(req_id)
+            if frees_loads and request is None:
+                raise AssertionError(f"a transfer report for {req_id}, a request no longer known")
+            if frees_loads and request.is_finished:
+                self._free_pages(request)
+            else:
+                self.finished_recving.add(req_id)
         for req_id in finished_sending:
             request = self.requests.get(req_id)
+            if frees_loads and request is None:
+                raise AssertionError(f"a transfer report for {req_id}, a request no longer known")
             if request is not None:
                 self._free_pages(request)
 

@@ -189,6 +189,19 @@ def test_no_chunking_stops_before_an_image_the_step_would_split():
         == ([0], 800, 224)
 
 
+def test_no_chunking_cut_moves_one_token_earlier_for_a_drafter_from_0_17_0():
+    """eagle_whole_item_cut_one_token_earlier: the cut leaves room for the drafter's read one
+    position ahead, down to nothing when the range starts right before the placeholder."""
+    cache = EncoderCacheManager(1024)
+    r = req("r", ["img"], [6], [5])
+    for whole_item_lookahead, granted in ((0, 5), (1, 4)):
+        assert try_schedule_encoder_inputs(r, 0, 7, 7, cache, disable_chunked_mm_input=True,
+                                           lookahead=1, whole_item_lookahead=whole_item_lookahead) \
+            == ([], granted, 7)
+    assert try_schedule_encoder_inputs(r, 4, 3, 7, cache, disable_chunked_mm_input=True,
+                                       lookahead=1, whole_item_lookahead=1) == ([], 0, 7)
+
+
 def test_no_chunking_needs_the_largest_item_to_fit_a_step():
     with pytest.raises(ValueError):
         encoder_budgets({"image": 576}, max_num_encoder_input_tokens=100, encoder_cache_size=100,
@@ -440,3 +453,22 @@ def test_budgets_are_raised_to_the_largest_item():
     assert encoder_budgets({"image": 576, "audio": 1500}, max_num_encoder_input_tokens=1024,
                            encoder_cache_size=2048, max_num_batched_tokens=1500,
                            disable_chunked_mm_input=True) == (1500, 2048)
+
+
+def test_a_request_refused_pages_lets_go_of_its_cache_hits_from_0_14_0():
+    """failed_admission_lets_go_of_encoder_inputs: the lookup made the waiting request a
+    holder of the cached item it found; refused pages, it stays one up to 0.13.0."""
+    from reference.config import Config
+    from reference.request import Request
+    from reference.scheduler import Scheduler
+    for rules, holders in ((frozenset(), {"r"}), (frozenset({"failed_admission_lets_go_of_encoder_inputs"}), set())):
+        s = Scheduler(Config(rules=rules, block_size=4, num_blocks=3, max_num_batched_tokens=64,
+                             max_num_seqs=4, max_model_len=64,
+                             max_tokens_by_modality=(("image", 4),)))
+        owner = req("o", ["x"], [4])
+        allocated(s.encoder_cache, owner, 0)
+        s.encoder_cache.free(owner)
+        s.add_request(Request(request_id="r", prompt_token_ids=list(range(1, 13)), max_tokens=1,
+                              arrival_time=0.0, encoder_inputs=(EncoderInput(0, 4, "x"),)))
+        assert s.schedule().num_scheduled_tokens == {}  # 12 tokens, room for 8
+        assert s.encoder_cache.holders["x"] == holders, rules

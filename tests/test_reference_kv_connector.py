@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from reference.config import Config
 from reference.kv_connector import tokens_after_load
 from reference.request import Request, RequestStatus
@@ -87,3 +89,49 @@ def test_kept_pages_are_freed_when_the_send_is_reported():
     assert c.calls[-1] == ("finished", "x", [1, 2])
     s.update_from_output(s.schedule(), {}, finished_sending=["x"])
     assert s.kv.pool.num_free_blocks() == 3
+
+
+AFTER_0_16 = frozenset({"aborted_load_keeps_pages_until_done", "loaded_preempted_request_resumes"})
+
+
+def test_an_aborted_load_keeps_its_pages_until_reported_from_0_16_0():
+    for rules, free_at_abort in ((frozenset(), 15), (AFTER_0_16, 12)):
+        s = scheduler(Connector({"a": [(10, True)]}), rules=rules)
+        s.add_request(request("a", range(1, 11)))
+        s.update_from_output(s.schedule(), {})
+        s.finish_requests(["a"], RequestStatus.FINISHED_ABORTED)
+        assert s.kv.pool.num_free_blocks() == free_at_abort, rules
+        s.update_from_output(s.schedule(), {}, finished_recving=["a"])
+        assert s.kv.pool.num_free_blocks() == 15 and "a" not in s.requests
+
+
+def test_an_abort_after_the_load_was_reported_frees_at_once():
+    s = scheduler(Connector({"a": [(10, True)]}), rules=AFTER_0_16)
+    s.add_request(request("a", range(1, 11)))
+    s.update_from_output(s.schedule(), {}, finished_recving=["a"])
+    s.finish_requests(["a"], RequestStatus.FINISHED_ABORTED)
+    assert s.kv.pool.num_free_blocks() == 15 and not s.finished_recving
+
+
+def test_an_aborted_load_whose_pages_are_also_sent_is_reported_twice_and_raises():
+    """quirks.ABORTED_LOAD_REPORTED_TWICE: the first report frees the request, the second
+    names one no longer known."""
+    s = scheduler(Connector({"a": [(10, True)]}, keep=frozenset({"a"})), rules=AFTER_0_16)
+    s.add_request(request("a", range(1, 11)))
+    s.update_from_output(s.schedule(), {})
+    s.finish_requests(["a"], RequestStatus.FINISHED_ABORTED)
+    s.update_from_output(s.schedule(), {}, finished_sending=["a"])
+    with pytest.raises(AssertionError):
+        s.update_from_output(s.schedule(), {}, finished_recving=["a"])
+
+
+def test_a_preempted_request_waits_as_preempted_once_loaded_from_0_14_0():
+    for rules, status in ((frozenset(), RequestStatus.WAITING),
+                          (AFTER_0_16, RequestStatus.PREEMPTED)):
+        s = scheduler(Connector({"a": [(10, True)]}), rules=rules)
+        a = request("a", range(1, 11))
+        a.num_preemptions = 1  # as if preempted before its load
+        s.add_request(a)
+        s.update_from_output(s.schedule(), {}, finished_recving=["a"])
+        assert s.waits_for_remote_kv(a) is False
+        assert a.status == status, rules

@@ -1349,6 +1349,10 @@ _CHANGE_MODULES = {
     "grammar_rows_skip_prefill_chunks": SCHEDULER,
     "async_load_counts_tokens_at_once": SCHEDULER,
     "mm_hash_keys_carry_the_offset": KV_CACHE_UTILS,
+    "loaded_preempted_request_resumes": SCHEDULER,
+    "failed_admission_lets_go_of_encoder_inputs": SCHEDULER,
+    "aborted_load_keeps_pages_until_done": SCHEDULER,
+    "eagle_whole_item_cut_one_token_earlier": SCHEDULER,
 }
 
 
@@ -1376,6 +1380,11 @@ _CHANGE_APPLIES = {
     "async_skips_requests_at_max_tokens": async_scheduling,
     "mm_hash_keys_carry_the_offset": encoder_and_caching,
     "async_load_counts_tokens_at_once": connector_async,
+    "loaded_preempted_request_resumes": connector_async,
+    "failed_admission_lets_go_of_encoder_inputs": encoder,
+    "aborted_load_keeps_pages_until_done": lambda s: connector_async(s) and any(
+        r.abort_step is not None for r in s.requests),
+    "eagle_whole_item_cut_one_token_earlier": lambda s: chunked_mm_off(s) and s.config.uses_eagle,
     "connector_told_whole_table": connector,
     "null_pages_never_cached": lambda s: sliding_caching(s) or chunked_local_caching(s),
 }
