@@ -23,7 +23,7 @@ import os
 import sys
 import tempfile
 
-FIXED_IN = None  # first release where it does not show (None: not fixed)
+FIXED_IN = "0.33.0"  # first release where it does not show (None: not fixed)
 
 for _k, _v in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
                "VLLM_LOGGING_LEVEL": "ERROR", "TRANSFORMERS_VERBOSITY": "error"}.items():
