@@ -4,9 +4,10 @@ Each ``docs/findings/<finding>.py`` is a standalone script built on vLLM's own c
 (it imports nothing from this project).  It prints one line ``DEFECT: ...`` and exits 1
 when the defect shows, or ``OK: ...`` and exits 0 when vLLM behaves as expected.  Its
 module-level ``FIXED_IN`` names the first release where it no longer shows (``None``: no
-release fixes it yet); the doc's per-release table says the same.  Here each script runs
-under this interpreter (so with a release overlay too, when one is on ``PYTHONPATH``) and
-must give the outcome ``FIXED_IN`` states for the installed release.
+release fixes it yet), and ``SINCE``, where a script has it, the first release where it
+shows (0.11.0 otherwise); the doc's per-release table says the same.  Here each script
+runs under this interpreter (so with a release overlay too, when one is on
+``PYTHONPATH``) and must give the outcome they state for the installed release.
 """
 
 from __future__ import annotations
@@ -27,17 +28,29 @@ SCRIPTS = sorted(FINDINGS_DIR.glob("*.py"))
 LINE = re.compile(r"^(DEFECT|OK): vLLM (\S+): ")
 
 
-def fixed_in(script) -> str | None:
-    """The script's module-level ``FIXED_IN``, read without running it."""
+def constant(script, name: str, default=KeyError):
+    """A module-level constant of the script, read without running it."""
     for node in ast.parse(script.read_text()).body:
         if isinstance(node, ast.Assign) and [t.id for t in node.targets
-                                             if isinstance(t, ast.Name)] == ["FIXED_IN"]:
+                                             if isinstance(t, ast.Name)] == [name]:
             return ast.literal_eval(node.value)
-    raise AssertionError(f"{script.name}: no module-level FIXED_IN")
+    if default is KeyError:
+        raise AssertionError(f"{script.name}: no module-level {name}")
+    return default
 
 
-def expected_outcome(installed: str, fixed: str | None) -> str:
-    return "DEFECT" if fixed is None or Version(installed) < Version(fixed) else "OK"
+def fixed_in(script) -> str | None:
+    return constant(script, "FIXED_IN")
+
+
+def since(script) -> str:
+    return constant(script, "SINCE", "0.11.0")
+
+
+def expected_outcome(installed: str, fixed: str | None, first: str = "0.11.0") -> str:
+    shows = Version(first) <= Version(installed) and (
+        fixed is None or Version(installed) < Version(fixed))
+    return "DEFECT" if shows else "OK"
 
 
 def test_there_are_findings():
@@ -49,6 +62,8 @@ def test_expected_outcome():
     assert expected_outcome("0.11.1", "0.11.1") == "OK"
     assert expected_outcome("0.33.0", None) == "DEFECT"
     assert expected_outcome("0.13.0", "0.14.0") == "DEFECT"
+    assert expected_outcome("0.15.1", None, "0.16.0") == "OK"
+    assert expected_outcome("0.16.0", None, "0.16.0") == "DEFECT"
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[s.stem for s in SCRIPTS])
@@ -64,6 +79,7 @@ def test_each_script_is_in_the_doc_with_its_fix(script):
     section = doc.split(f"findings/{script.name}", 1)[0].rsplit("\n## ", 1)[1]
     assert ("not fixed" in section.lower()) if fixed is None else (fixed in section), (
         f"{script.name}: FIXED_IN {fixed!r} is not what its section of docs/findings.md says")
+    assert since(script) in section or since(script) == "0.11.0"
 
 
 def test_each_script_stands_alone():
@@ -83,7 +99,7 @@ def test_each_script_stands_alone():
 @pytest.mark.parametrize("script", SCRIPTS, ids=[s.stem for s in SCRIPTS])
 def test_script_outcome_matches_the_installed_release(script):
     installed = importlib.metadata.version("vllm")
-    expected = expected_outcome(installed, fixed_in(script))
+    expected = expected_outcome(installed, fixed_in(script), since(script))
     proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     lines = [m for m in map(LINE.match, proc.stdout.splitlines()) if m]
