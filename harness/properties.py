@@ -18,6 +18,7 @@ from hypothesis import given, seed, settings
 from hypothesis.strategies import SearchStrategy
 
 from harness import strategies as st
+from harness import workloads
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ PROPERTIES: tuple[Property, ...] = (
              targets=("encoder_outputs_not_shared",)),
     Property("encoder_pressure", st.encoder_pressure_streams, ("encoder_cut",),
              targets=("encoder_evicts_newest", "encoder_outputs_held_to_the_end",
-                      "chunked_mm_input_allowed")),
+                      "chunked_mm_input_allowed"), scale=4),
     Property("encoder_preemption", st.encoder_preemption_streams,
              targets=("preempted_keeps_encoder_outputs",)),
     Property("mm_prefix_hits", st.mm_hash_streams,
@@ -119,7 +120,7 @@ PROPERTIES: tuple[Property, ...] = (
                       "empty_batch_does_not_wait", "placeholders_not_scheduled",
                       "sampling_ignores_placeholders", "async_outputs_not_cached",
                       "placeholders_kept_after_output"), scale=3),
-    Property("real_workloads", st.real_workload_streams),
+    Property("real_workloads", workloads.real_workload_streams),
     Property("pipeline_parallel", st.pipeline_streams,
              targets=("pipeline_stages_ignored", "batch_applied_at_once")),
 )

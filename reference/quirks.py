@@ -89,7 +89,7 @@ MM_HASH_ON_BLOCK_AFTER_A_LATER_HASHING
     holds two placeholders gets only the last one's hash.
     Code: block_hash.mm_keys, block_hash.first_item_to_look_at.
 
-ABORTED_LOAD_REPORTED_TWICE
+ABORTED_LOAD_REPORTED_TWICE (in releases.aborted_load_keeps_pages_until_done; its mutant takes it away)
     From 0.16.0 (releases: aborted_load_keeps_pages_until_done, vLLM PR #32255) a
     request aborted while its asynchronous KV load runs keeps its pages until the
     worker reports the load done.  When its connector also keeps the pages to send

@@ -66,7 +66,9 @@ class PriorityQueue:
     def pop(self) -> Request:
         return heapq.heappop(self._heap)[-1]
 
-    prepend = add
+    def prepend(self, request: Request) -> None:
+        """Under priority a request put back goes where its key puts it, as any other."""
+        self.add(request)
 
     def prepend_all(self, other: "PriorityQueue", reverse: bool = False) -> None:
         for entry in other._heap:

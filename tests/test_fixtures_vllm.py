@@ -72,12 +72,15 @@ def test_stream_file_is_named_and_described(path):
 
 
 def test_every_stream_completes_and_is_deterministic(vllm_engine):
-    """Every bundled stream completes, except those recorded as a vLLM crash, which crash."""
+    """Every bundled stream completes, except those recorded as a vLLM crash, which crash,
+    and those recorded as a stall (verdict max_steps), which stall."""
     crashes = recorded_crashes()
+    stalls = recorded_verdicts("max_steps")
     for path in STREAM_FILES:
         stream = load_stream(path)
         first = run(vllm_engine, stream)
-        expected = "engine_failure" if path.stem in crashes else COMPLETED
+        expected = ("engine_failure" if path.stem in crashes
+                    else "max_steps" if path.stem in stalls else COMPLETED)
         assert first.verdict == expected, (path.stem, first.failure)
         # One engine runs many streams: it rebuilds the scheduler, so a rerun is byte-identical.
         assert run(vllm_engine, stream).dumps() == first.dumps(), path.stem
@@ -553,3 +556,10 @@ def test_failure_in_schedule_is_reported(vllm_engine, monkeypatch):
     assert t.verdict == ENGINE_FAILURE
     assert t.failure["step"] == 0 and t.steps == []
     assert "AssertionError: no pages today" in t.failure["message"]
+
+
+def recorded_verdicts(verdict: str, vllm_version: str = "0.11.0") -> set[str]:
+    """The bundled streams whose recorded trace on that release ends with ``verdict``."""
+    from harness.paths import golden_dir
+    return {p.stem for p in golden_dir(vllm_version).glob("*.json")
+            if json.loads(p.read_text()).get("verdict") == verdict}

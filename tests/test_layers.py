@@ -35,6 +35,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("engines.vllm_core", "engines.vllm_bare"),
     # engines by name (and vLLM's sizing by model), vLLM's mutants
     ("engines", "engines.vllm_mutants"),
+    # public request traces as streams, what they ask of the KV cache, and the real-traffic
+    # property's strategy
+    ("workloads",),
     # comparing engines, the KV sizing check, recorded traces, tables, the property
     # registry, the mutant catalogue
     ("conformance", "kv_sizing_check", "golden", "table", "properties", "mutants"),

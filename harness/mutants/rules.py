@@ -1167,7 +1167,7 @@ _external_hit = rsched.Scheduler.external_hit
 @mutant("kept_pages_freed_at_once", "a finished request's pages stay held while the "
         "connector sends them", SCHEDULER, replaces=(rsched.Scheduler, "_free_request"),
         applies=connector_sends)
-def _free_despite_sending(self, request):
+def _free_despite_sending(self, request, keep_pages=False):
     self.connector_keeps_pages(request)
     self.encoder_cache.free(request)
     self.finished_req_ids.add(request.request_id)
