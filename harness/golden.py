@@ -126,12 +126,17 @@ def replay_all_releases() -> tuple[int, int, list[str]]:
     return ok, total, bad
 
 
+def recorded_verdicts(verdict: str, vllm_version: str = "0.11.0") -> set[str]:
+    """The bundled streams whose recorded trace on that vLLM release ends with ``verdict``."""
+    from harness.paths import golden_dir
+    return {p.stem for p in golden_dir(vllm_version).glob("*.json")
+            if json.loads(p.read_text()).get("verdict") == verdict}
+
+
 def recorded_crashes(vllm_version: str = "0.11.0") -> set[str]:
     """The bundled streams on which that vLLM release fails (its recorded trace says
     ``engine_failure``): a vLLM crash is recorded, and the reference reproduces it."""
-    from harness.paths import golden_dir
-    return {p.stem for p in golden_dir(vllm_version).glob("*.json")
-            if json.loads(p.read_text()).get("verdict") == "engine_failure"}
+    return recorded_verdicts("engine_failure", vllm_version)
 
 
 def read_trace(path: Path) -> Any:

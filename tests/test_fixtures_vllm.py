@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.golden import recorded_crashes
+from harness.golden import recorded_crashes, recorded_verdicts
 from harness.runner import run
 from harness.stream import load_stream
 from harness.trace import COMPLETED, ENGINE_FAILURE
@@ -556,10 +556,3 @@ def test_failure_in_schedule_is_reported(vllm_engine, monkeypatch):
     assert t.verdict == ENGINE_FAILURE
     assert t.failure["step"] == 0 and t.steps == []
     assert "AssertionError: no pages today" in t.failure["message"]
-
-
-def recorded_verdicts(verdict: str, vllm_version: str = "0.11.0") -> set[str]:
-    """The bundled streams whose recorded trace on that release ends with ``verdict``."""
-    from harness.paths import golden_dir
-    return {p.stem for p in golden_dir(vllm_version).glob("*.json")
-            if json.loads(p.read_text()).get("verdict") == verdict}
