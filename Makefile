@@ -29,7 +29,7 @@ test: $(STAMP) $(FUZZ_STAMP)
 # The developer's inner loop (about a minute on 2 cores): unit tests, the bundled streams on
 # both engines, the replay tier and 30 streams per property; no self-tests, nothing slow.
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 8 --dist loadgroup \
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 8 --dist worksteal \
 		-m "not selftest and not slow" --hypothesis-profile fast
 
 conformance: $(STAMP)
