@@ -401,15 +401,15 @@ def report_text(version: str, checker: Checker, bundled: list[BundledResult],
             lines += [f"* Config features of those streams: {top}."]
         if cause.example is not None:
             ex_stream = parse_stream(cause.example)
-            new, old, _ = checker.traces(ex_stream)
-            d = first_divergence(new, old)
+            new_trace, old_trace, _ = checker.traces(ex_stream)
+            d = first_divergence(new_trace, old_trace)
             what = "it alone explains" if cause.example_alone else "it shows with another change"
             lines += ["", f"{'Shrunk' if cause.shrunk else 'Smallest seen'} example, a stream {what} "
                       f"({cause.example_size[0]} request(s), {cause.example_size[1]} steps):", "",
                       "```json", json.dumps(ex_stream.to_json(), sort_keys=True), "```", ""]
             if d is not None and d.step is not None:
                 lines += [f"First difference: step {d.step}, field `{d.field}`.", "", "```",
-                          side_by_side(_relabel(old, checker.old), _relabel(new, version), d.step),
+                          side_by_side(_relabel(old_trace, old), _relabel(new_trace, version), d.step),
                           "```"]
         lines.append("")
     lines += [f"## {kind.capitalize()} streams", "",

@@ -35,6 +35,7 @@ def test_streams_are_drawn_the_same_every_time():
     assert len(draw(by_name("preemption"), 5)) == 5
 
 
+@pytest.mark.slow
 def test_the_example_engine_is_named_for_exactly_the_rules_it_changes(tmp_path):
     p = profile(EXAMPLE, streams=10, families=FAMILIES, folder=tmp_path)
     assert p.rules == ["free_forward_order", "no_null_block"]
@@ -79,6 +80,7 @@ def harness(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_the_profile_command_through_the_line_protocol(tmp_path):
     proc = harness("profile", "--engine", f"cmd:{sys.executable} -m harness serve {EXAMPLE}",
                    "--streams", "8", "--families", "preemption", "whole_space", "-o", str(tmp_path))

@@ -4,6 +4,7 @@ the could-not-drive path, the index of releases tried."""
 from __future__ import annotations
 
 import inspect
+import json
 import types
 
 import pytest
@@ -219,3 +220,27 @@ def test_an_unexplained_difference_is_named_by_its_first_field_against_the_relea
     new["steps"][1]["free_blocks"] += 1  # what no rule explains
     old["steps"][0]["slots"] = {}  # 0.11.0 differs earlier, elsewhere
     assert checker.cause_of(stream, new, old, target) == ("unexplained", "free_blocks")
+
+
+def test_the_report_names_the_old_release_in_its_stream_table_after_an_example():
+    """The table's header says which release the streams were compared with, even after
+    a cause's example has been shown side by side (it once printed that example's trace)."""
+    from harness.runner import run
+    from harness.stream import parse_stream
+    from harness.engines.reference_engine import ReferenceEngine
+    from harness.upgrade import BundledResult, CampaignResult, Cause, report_text
+
+    data = {"config": {"block_size": 4, "num_gpu_blocks": 16, "max_num_batched_tokens": 16,
+                       "max_num_seqs": 4, "max_model_len": 32},
+            "requests": [{"id": "a", "prompt": [1, 2, 3, 4, 5], "output": [6, 7]}]}
+    old = run(ReferenceEngine("0.11.0"), parse_stream(data)).to_json()
+    new = json.loads(json.dumps(old))
+    new["steps"][1]["free_blocks"] += 1
+    checker = types.SimpleNamespace(old="0.11.0", target=types.SimpleNamespace(release="0.25.1"),
+                                    traces=lambda stream: (new, old, new))
+    cause = Cause(("unexplained", "free_blocks"), count=1, alone=1, example=data,
+                  example_size=(1, 3), example_alone=True)
+    text = report_text("0.34.0", checker, [BundledResult("s", "different", cause.key)],
+                       CampaignResult(0, 1), {cause.key: cause})
+    assert "First difference: step 1, field `free_blocks`." in text
+    assert "| stream | vs 0.11.0 | cause | reference (0.25.1 rules) |" in text.splitlines()

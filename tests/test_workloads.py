@@ -300,6 +300,7 @@ def small_dir(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_workload_table(small_dir, tmp_path):
     proc = run_cli(["workload", str(small_dir)], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -312,6 +313,7 @@ def test_workload_table(small_dir, tmp_path):
     assert "preemption(s)" in text
 
 
+@pytest.mark.slow
 def test_workload_json_and_the_pool_it_finds(small_dir, capsys):
     assert cli.main(["workload", str(small_dir), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)["streams"]
@@ -385,6 +387,7 @@ def test_smallest_pool_holds_on_vllm(vllm_engine):
     assert smallest_pool(stream, vllm_engine).pages == found
 
 
+@pytest.mark.slow
 def test_docs_example_is_real(tmp_path):
     """docs/workloads.md's example: the import's lines and the workload table are what the
     commands print (run into a temporary folder instead of /tmp/mooncake)."""
