@@ -355,7 +355,7 @@ def cmd_upgrade_check(ns) -> int:
     out, streams = _upgrade_arguments(ns)
     return upgrade_check(ns.version, examples=ns.examples, seed=ns.seed, out=out,
                          record=not ns.no_record, old=ns.old, streams=streams,
-                         shrink_seconds=ns.shrink_seconds)
+                         shrink_seconds=ns.shrink_seconds, workers=_workers(ns))
 
 
 def cmd_upgrade_report(ns) -> int:
@@ -363,7 +363,12 @@ def cmd_upgrade_report(ns) -> int:
     out, streams = _upgrade_arguments(ns)
     return report(ns.version, examples=ns.examples, seed=ns.seed, out=out,
                   record=not ns.no_record, old=ns.old, streams=streams,
-                  shrink_seconds=ns.shrink_seconds)
+                  shrink_seconds=ns.shrink_seconds, workers=_workers(ns))
+
+
+def _workers(ns) -> int:
+    from harness.workers import default_workers
+    return ns.workers or default_workers()
 
 
 def cmd_changelog(ns) -> int:
@@ -708,6 +713,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "folder, standard output)")
         u.add_argument("--no-record", action="store_true",
                        help="do not record the bundled streams' traces into fixtures/traces/")
+        u.add_argument("--workers", type=positive_int, default=None,
+                       help="processes checking chunks of the campaign at once (default: every "
+                            "core); the same seed gives the same report whatever the number")
         u.set_defaults(func=func)
 
     cl = sub.add_parser("changelog", help="write docs/upgrades/changelog.md: vLLM's scheduling "

@@ -30,6 +30,7 @@ import collections
 import contextlib
 import datetime
 import json
+import multiprocessing
 import os
 import sys
 import time
@@ -40,6 +41,7 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as fixed_seed
 
+from harness.chunks import Chunk, chunks_of
 from harness.diff import first_divergence, side_by_side
 from harness.engines import EngineUnavailable, get_engine, installed_vllm_version
 from harness.engines.reference_engine import ReferenceEngine
@@ -232,41 +234,96 @@ class CampaignResult:
     seconds: float = 0.0
 
 
-def campaign(checker: Checker, causes: dict, examples: int, seed: int) -> CampaignResult:
-    result = CampaignResult(examples, seed)
-    started = time.monotonic()
-    tenth = max(examples // 10, 1)
+@dataclass
+class Checked:
+    """One generated stream's outcome, as the chunk that drew it hands it back."""
 
-    @fixed_seed(seed)
-    @settings(max_examples=examples, database=None, deadline=None, derandomize=False,
+    data: dict[str, Any]
+    counts: dict[str, int]  # its Stats counters (harness.stats)
+    conforms: bool  # the reference with the release's rules gives the new trace
+    key: tuple[str, ...] | None  # None: same as the old release; else its explanation
+    steps: int
+    features: list[str]
+
+
+def check_chunk(checker: Checker, chunk: Chunk) -> list[Checked]:
+    """The streams of one chunk of the campaign (harness.chunks: what it draws depends on
+    the campaign's seed and the chunk's index alone), each checked."""
+    checked: list[Checked] = []
+
+    @fixed_seed(chunk.seed)
+    @settings(max_examples=chunk.examples, database=None, deadline=None, derandomize=False,
               suppress_health_check=list(HealthCheck), phases=[Phase.generate])
     @given(by_name("whole_space").strategy())
     def each(data):
         stream = parse_stream(data)
         new, old, target = checker.traces(stream)
-        result.stats.add(new)
-        if first_divergence(new, target) is None:
-            result.conform += 1
-        elif len(result.nonconforming) < 5:
-            result.nonconforming.append(data)
-        key = checker.cause_of(stream, new, old, target)
-        if key is None:
-            result.same += 1
-        else:
-            result.different += 1
-            for cause in attribute(causes, key):
-                cause.features.update(_features(stream))
-                if len(key) == 1 or key[0] == "unexplained" or cause.alone == 0:
-                    cause.offer(data, len(new["steps"]), alone=len(key) == 1 or key[0] == "unexplained")
-        n = result.same + result.different
-        if n % tenth == 0:
+        stats = Stats()
+        stats.add(new)
+        checked.append(Checked(data, stats.counts, first_divergence(new, target) is None,
+                               checker.cause_of(stream, new, old, target), len(new["steps"]),
+                               _features(stream)))
+
+    each()
+    return checked
+
+
+def campaign(checker: Checker, causes: dict, examples: int, seed: int,
+             workers: int = 1) -> CampaignResult:
+    """``examples`` streams of the whole space from ``seed``, in chunks of
+    ``harness.chunks.CHUNK_STREAMS``: the same streams and the same report whether one
+    process checks them or ``workers`` processes forked from this one."""
+    result = CampaignResult(examples, seed)
+    started = time.monotonic()
+    chunks = chunks_of(examples, seed)
+    for i, checked in enumerate(_checked_in_order(checker, chunks, workers), 1):
+        for c in checked:
+            _account(result, causes, c)
+        if i % max(len(chunks) // 10, 1) == 0 or i == len(chunks):
+            n = result.same + result.different
             print(f"  {n}/{examples} streams, {result.different} different from {checker.old}, "
                   f"{n - result.conform} not conforming to the {checker.target.release} rules",
                   file=sys.stderr, flush=True)
-
-    each()
     result.seconds = time.monotonic() - started
     return result
+
+
+def _account(result: CampaignResult, causes: dict, c: Checked) -> None:
+    for k, v in c.counts.items():
+        result.stats.counts[k] += v
+    if c.conforms:
+        result.conform += 1
+    elif len(result.nonconforming) < 5:
+        result.nonconforming.append(c.data)
+    if c.key is None:
+        result.same += 1
+        return
+    result.different += 1
+    alone = len(c.key) == 1 or c.key[0] == "unexplained"
+    for cause in attribute(causes, c.key):
+        cause.features.update(c.features)
+        if alone or cause.alone == 0:
+            cause.offer(c.data, c.steps, alone=alone)
+
+
+_FORKED_CHECKER: Checker | None = None
+
+
+def _check_forked(chunk: Chunk) -> list[Checked]:
+    return check_chunk(_FORKED_CHECKER, chunk)
+
+
+def _checked_in_order(checker: Checker, chunks: list[Chunk], workers: int):
+    """Each chunk's outcomes, in chunk order, from this process or from forked workers
+    (vLLM is imported and the engines built before the fork, as in harness.workers)."""
+    if workers <= 1 or len(chunks) <= 1:
+        for chunk in chunks:
+            yield check_chunk(checker, chunk)
+        return
+    global _FORKED_CHECKER
+    _FORKED_CHECKER = checker
+    with multiprocessing.get_context("fork").Pool(min(workers, len(chunks))) as pool:
+        yield from pool.imap(_check_forked, chunks)
 
 
 def shrink(checker: Checker, cause: Cause, seconds: float = 60) -> None:
@@ -446,12 +503,14 @@ def _slots_checked_by_vllms_kernel():
 
 
 def report(version: str, examples: int, seed: int, out: Path | None, record: bool,
-           old: str = BASE, streams: Path | None = None, shrink_seconds: float = 60) -> int:
+           old: str = BASE, streams: Path | None = None, shrink_seconds: float = 60,
+           workers: int = 1) -> int:
     """The check inside the new release's process: 0 same, 1 different, 3 could not drive.
 
     ``old``: the release upgraded from.  ``streams``: a folder of the user's own streams,
     checked instead of the bundled ones and without a campaign; the report then goes to
-    ``out`` when given, else to standard output.
+    ``out`` when given, else to standard output.  ``workers``: processes checking the
+    campaign's chunks (the report does not depend on it).
     """
     installed = installed_vllm_version()
     if installed is None or installed.split("+")[0] != version:
@@ -464,8 +523,9 @@ def report(version: str, examples: int, seed: int, out: Path | None, record: boo
         bundled = check_bundled(checker, causes, folder)
     if streams is not None:
         examples = 0
-    print(f"== campaign: {examples} streams, seed {seed}", file=sys.stderr)
-    camp = campaign(checker, causes, examples, seed) if examples else CampaignResult(0, seed)
+    print(f"== campaign: {examples} streams, seed {seed}, {workers} worker(s)", file=sys.stderr)
+    camp = campaign(checker, causes, examples, seed, workers) if examples \
+        else CampaignResult(0, seed)
     for cause in causes.values():
         print(f"== shrinking an example of {cause.title()}", file=sys.stderr)
         shrink(checker, cause, seconds=shrink_seconds)

@@ -45,7 +45,7 @@ INDEX_HEADER = [
 
 def upgrade_check(version: str, examples: int, seed: int, out: Path | None, record: bool,
                   old: str = BASE, streams: Path | None = None,
-                  shrink_seconds: float = 60) -> int:
+                  shrink_seconds: float = 60, workers: int = 1) -> int:
     """``make upgrade-check [FROM=old] VLLM=version``; with ``streams``, the user's own
     streams instead of the bundled ones (no campaign, nothing recorded, the index of
     releases untouched).  Exit codes as the module says."""
@@ -65,7 +65,7 @@ def upgrade_check(version: str, examples: int, seed: int, out: Path | None, reco
         cmd = [sys.executable, "-m", "harness", "upgrade-report", version] \
             + ([] if streams is None else [str(streams)]) \
             + ["--examples", str(examples), "--seed", str(seed), "--from", old,
-               "--shrink-seconds", str(shrink_seconds)] \
+               "--shrink-seconds", str(shrink_seconds), "--workers", str(workers)] \
             + ([] if record and plain else ["--no-record"]) + ["--out", str(report_dir)]
         proc = subprocess.Popen(cmd, env=overlay_environment(version), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)

@@ -244,3 +244,23 @@ def test_the_report_names_the_old_release_in_its_stream_table_after_an_example()
                        CampaignResult(0, 1), {cause.key: cause})
     assert "First difference: step 1, field `free_blocks`." in text
     assert "| stream | vs 0.11.0 | cause | reference (0.25.1 rules) |" in text.splitlines()
+
+
+@pytest.mark.needs_vllm
+def test_the_campaign_is_the_same_on_one_process_and_on_forked_workers():
+    """Chunked as harness.chunks cuts a fuzz campaign: the same streams, counters and
+    examples whatever number of processes checks them."""
+    from harness.upgrade import Checker, campaign
+
+    # The installed 0.11.0 as an "upgrade" from 0.11.1: differences with named causes.
+    checker = Checker("0.12.0", old="0.11.1")
+    runs = []
+    for workers in (1, 2):
+        causes: dict = {}
+        result = campaign(checker, causes, examples=60, seed=3, workers=workers)
+        runs.append((result.same, result.different, result.conform, result.stats.counts,
+                     result.nonconforming,
+                     {k: (c.count, c.alone, c.example) for k, c in sorted(causes.items())}))
+    assert runs[0] == runs[1]
+    assert runs[0][0] + runs[0][1] == 60 and runs[0][3]["streams"] == 60
+    assert runs[0][1] and runs[0][5]  # some streams differ, and their causes are named
