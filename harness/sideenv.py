@@ -15,37 +15,60 @@ goes on, as it does in the base environment on a machine without CUDA.  An
 overlay costs one ~370-475 MB download (kept in ``.venvs/wheels``) and ~40 MB
 on disk, against ~10 GB and ~5 minutes for a full environment.
 
-A release whose own requirements refuse the base environment's transformers
-(0.24.0 and later need transformers 5) also gets the *second base stack*:
-the packages pinned in ``constraints-transformers5.txt`` (transformers,
-tokenizers, huggingface-hub; ~75 MB), unpacked once into
-``.venvs/transformers5`` with ``--no-deps`` and put on the path after the
-release's overlay.  Their other requirements are met by the base environment.
-The torch stays the base's 2.8.0 although those releases pin a newer one: the
-scheduler and the KV cache manager do not call torch, and the conformance of
-each release with the reference is what shows the drive is exact.  A release
-whose requirement the pinned transformers does not meet is refused, naming
-both.
+A release whose Python code needs a newer transformers than the base's (its
+wheel's METADATA refuses transformers 4: 0.24.0 and later) also gets a *second
+base stack*.  ``constraints-stack.txt`` names the packages the drive imports
+whose versions those releases constrain (transformers, tokenizers,
+huggingface-hub, xgrammar, apache-tvm-ffi, llguidance, fastapi) and pins one
+or more versions of each.  For such a release, ``resolve_stack`` keeps a
+package's base version when it meets every requirement the release's METADATA,
+and the packages stacked with it, state on it; otherwise it takes the first
+pinned version that does, backtracking over the pins.  One stack does not
+serve every release: 0.31.0 requires xgrammar==0.2.7 and 0.32.0 ==0.2.8; 0.25.1's
+apache-tvm-ffi==0.1.9 admits only xgrammar 0.2.1 among those pinned; 0.34.0's
+huggingface-hub>=2 needs a later transformers than 0.31.0's <5.18.  So each
+distinct choice is unpacked with ``--no-deps`` from wheels kept in
+``.venvs/wheels`` into ``.venvs/stack-<hash of its pins>`` (~90-200 MB; made
+once, shared by the releases that resolve alike, and a changed pin is another
+folder) and put on the path after the release's overlay.  The stacked
+packages' other requirements are met by the base environment.  Requirements on
+packages the file does not name are not installed: the drive does not import
+them (the serving stack, GPU kernels), and torch (with torchvision and
+torchaudio) stays the base's 2.8.0 although those releases pin a newer one, for
+the reason above; the conformance of each release with the reference is what
+shows the drive is exact.  A release that requires a version of a named
+package that neither the base nor any pin meets is refused with one line
+naming both.  Releases the base's transformers meets (0.11.1 to 0.23.0) get no
+stack and are not refused: the overlay alone is their drive, as their checks
+show exact, although some state an xgrammar or llguidance the base lacks.
+
+``python -m harness.sideenv 0.30.0`` makes the release's side environment and
+prints its ``PYTHONPATH``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from importlib import metadata
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.version import Version
 
 from harness.paths import ROOT
 
 SIDE_ENVS = ROOT / ".venvs"
 WHEELS = SIDE_ENVS / "wheels"
-STACK_CONSTRAINTS = ROOT / "constraints-transformers5.txt"
-STACK_DIR = SIDE_ENVS / "transformers5"
+STACK_CONSTRAINTS = ROOT / "constraints-stack.txt"
+# A release gets a stack when its requirement on this package refuses the base's version.
+TRIGGER = "transformers"
 _VERSION = re.compile(r"^\d+\.\d+\.\d+([.-]?(post|rc|dev)\d+)?$")
 
 
@@ -89,56 +112,197 @@ def ensure_overlay(version: str, log=print) -> Path:
 
 
 def requirement(version: str, package: str) -> str | None:
-    """The release's requirement on ``package`` (from its wheel's METADATA), if any."""
-    for meta in overlay_dir(version).glob("vllm-*.dist-info/METADATA"):
-        for line in meta.read_text().splitlines():
-            m = re.match(rf"Requires-Dist: ({re.escape(package)}\b[^;]*)$", line, re.I)
-            if m:
-                return m.group(1).strip()
+    """The release's requirement on ``package`` (from its wheel's METADATA, without its
+    marker), if any."""
+    for req in release_requirements(version):
+        if canonicalize_name(req.name) == canonicalize_name(package):
+            return f"{req.name}{req.specifier}"
     return None
 
 
-def needs_stack(version: str) -> bool:
-    """Whether the release refuses the base environment's transformers."""
-    wanted = requirement(version, "transformers")
-    return wanted is not None and not _meets(wanted, metadata.version("transformers"))
+def release_requirements(version: str) -> list[Requirement]:
+    """What the release's wheel requires on this machine (no extras), [] without an overlay."""
+    for meta in overlay_dir(version).glob("vllm-*.dist-info/METADATA"):
+        return _requirements(meta.read_text())
+    return []
 
 
-def _meets(wanted: str, version: str) -> bool:
-    return Requirement(wanted).specifier.contains(version, prereleases=True)
+def _requirements(metadata_text: str) -> list[Requirement]:
+    found = []
+    for line in metadata_text.splitlines():
+        if line.startswith("Requires-Dist:"):
+            req = Requirement(line.partition(":")[2].strip())
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                found.append(req)
+    return found
 
 
-def pinned_stack() -> dict[str, str]:
-    """{package: version} of the second base stack."""
-    pins = {}
+def _meets(wanted: str | Requirement, version: str | None) -> bool:
+    req = wanted if isinstance(wanted, Requirement) else Requirement(wanted)
+    return version is not None and req.specifier.contains(version, prereleases=True)
+
+
+# -- the second base stack ------------------------------------------------------------------
+
+def pinned_stack() -> dict[str, list[str]]:
+    """{package: [pinned versions, in the order of preference]} of the stack's constraints
+    file; a package may be pinned more than once (releases that need different versions)."""
+    pins: dict[str, list[str]] = {}
     for line in STACK_CONSTRAINTS.read_text().splitlines():
         line = line.split("#")[0].strip()
         if line:
-            name, _, version = line.partition("==")
-            pins[name.strip().lower()] = version.strip()
+            name, sep, version = line.partition("==")
+            if not sep or not version.strip():
+                raise SideEnvError(f"{STACK_CONSTRAINTS.name}: {line!r} is not name==version")
+            pins.setdefault(canonicalize_name(name.strip()), []).append(version.strip())
     return pins
 
 
-def ensure_stack(version: str, log=print) -> Path | None:
-    """The second base stack when the release needs it (made on first use), else None."""
-    if not needs_stack(version):
+def _base_path() -> list[str]:
+    side = SIDE_ENVS.resolve()
+    return [p for p in sys.path if not Path(p or ".").resolve().is_relative_to(side)]
+
+
+def _base_dist(package: str) -> metadata.Distribution | None:
+    for dist in metadata.distributions(name=package, path=_base_path()):
+        return dist
+    return None
+
+
+def base_version(package: str) -> str | None:
+    """The version of ``package`` in the base environment (side environments on the path
+    are not looked at), None when it has none."""
+    dist = _base_dist(package)
+    return dist.version if dist else None
+
+
+def base_requires(package: str) -> list[Requirement]:
+    """What the base environment's ``package`` requires ([] when it has none)."""
+    dist = _base_dist(package)
+    return _requirements("".join(f"Requires-Dist: {r}\n" for r in (dist.requires or []))) \
+        if dist else []
+
+
+def pin_requires(package: str, version: str) -> list[Requirement]:
+    """What the pinned wheel of ``package`` requires (read from the wheel, downloaded into
+    ``.venvs/wheels`` on first use)."""
+    with zipfile.ZipFile(_pin_wheel(package, version)) as whl:
+        meta = next(n for n in whl.namelist()
+                    if n.endswith(".dist-info/METADATA") and n.count("/") == 1)
+        return _requirements(whl.read(meta).decode())
+
+
+def _pin_wheel(package: str, version: str, log=None) -> Path:
+    def find() -> Path | None:
+        for whl in sorted(WHEELS.glob("*.whl")):
+            name, ver, _, _ = parse_wheel_filename(whl.name)
+            if name == canonicalize_name(package) and str(ver) == str(Version(version)):
+                return whl
         return None
-    wanted = requirement(version, "transformers")
-    pinned = pinned_stack()["transformers"]
-    if not _meets(wanted, pinned):
-        raise SideEnvError(f"vllm {version} requires {wanted}; {STACK_CONSTRAINTS.name} "
-                           f"pins transformers {pinned}")
-    done = STACK_DIR / ".complete"
-    pins = STACK_CONSTRAINTS.read_text()
-    if done.exists() and done.read_text() == pins:
-        return STACK_DIR
-    if STACK_DIR.exists():
-        shutil.rmtree(STACK_DIR)
-    log(f"installing the second base stack ({STACK_CONSTRAINTS.name}) into {STACK_DIR}")
-    _pip("install", "--no-deps", "--no-compile", "--target", str(STACK_DIR),
-         "-r", str(STACK_CONSTRAINTS), what=STACK_CONSTRAINTS.name)
-    done.write_text(pins)
-    return STACK_DIR
+    found = find()
+    if found is None:
+        WHEELS.mkdir(parents=True, exist_ok=True)
+        if log:
+            log(f"downloading {package}=={version} (no dependencies) into {WHEELS}")
+        _pip("download", f"{package}=={version}", "--no-deps", "--only-binary", ":all:",
+             "-d", str(WHEELS), what=f"{package}=={version}")
+        found = find()
+        if found is None:
+            raise SideEnvError(f"{package}=={version}: pip downloaded no wheel")
+    return found
+
+
+def resolve_stack(version: str) -> dict[str, str]:
+    """{package: version} the release runs with on top of the base environment.
+
+    Only the packages the constraints file names are considered (those the drive imports).
+    Each keeps the base environment's version when that meets every requirement the release,
+    and the packages chosen so far, state on it; otherwise the first pinned version that
+    does.  Backtracks over the pins; with no combination, SideEnvError naming what the
+    release requires and what is pinned."""
+    pins = pinned_stack()
+    wanted = [r for r in release_requirements(version) if canonicalize_name(r.name) in pins]
+    if all(_meets(r, base_version(TRIGGER)) for r in wanted
+           if canonicalize_name(r.name) == TRIGGER):
+        return {}  # the release runs on the base environment alone, as the overlay says
+    names = list(pins)
+    BASE = None  # a choice: keep the base environment's version
+
+    def version_of(name: str, choice: str | None) -> str | None:
+        return base_version(name) if choice is BASE else choice
+
+    def reqs_of(name: str, choice: str | None) -> list[Requirement]:
+        found = base_requires(name) if choice is BASE else pin_requires(name, choice)
+        return [r for r in found if canonicalize_name(r.name) in pins]
+
+    def fits(name: str, have: str | None, reqs: list[Requirement]) -> bool:
+        return all(_meets(r, have) for r in reqs if canonicalize_name(r.name) == name)
+
+    for req in wanted:  # one requirement nothing meets: say so, naming both
+        name = canonicalize_name(req.name)
+        if not any(_meets(req, v) for v in [base_version(name), *pins[name]]):
+            have = base_version(name) or "none"
+            raise SideEnvError(
+                f"vllm {version} requires {req.name}{req.specifier}; {STACK_CONSTRAINTS.name} "
+                f"pins {req.name} "
+                f"{', '.join(pins[name])} and the base environment has {have}")
+
+    def solve(i: int, chosen: dict[str, str | None]) -> dict[str, str | None] | None:
+        if i == len(names):
+            return chosen
+        name = names[i]
+        for choice in [BASE, *pins[name]]:
+            have = version_of(name, choice)
+            if not fits(name, have, wanted):
+                continue
+            earlier = [r for q, c in chosen.items() for r in reqs_of(q, c)]
+            if not fits(name, have, earlier):
+                continue
+            mine = reqs_of(name, choice)
+            if not all(fits(q, version_of(q, c), mine) for q, c in chosen.items()):
+                continue
+            # a package not reached yet that is absent from the base is met later or fails there
+            found = solve(i + 1, {**chosen, name: choice})
+            if found is not None:
+                return found
+        return None
+
+    solution = solve(0, {})
+    if solution is None:
+        raise SideEnvError(f"vllm {version}: no combination of the pins in "
+                           f"{STACK_CONSTRAINTS.name} meets its requirements on "
+                           f"{', '.join(sorted({str(r) for r in wanted}))}")
+    return {name: choice for name, choice in solution.items() if choice is not BASE}
+
+
+def stack_dir(stack: dict[str, str]) -> Path:
+    """The stack's folder, named by its pins: a changed pin is another folder."""
+    return SIDE_ENVS / f"stack-{hashlib.sha256(_pin_lines(stack).encode()).hexdigest()[:12]}"
+
+
+def _pin_lines(stack: dict[str, str]) -> str:
+    return "".join(f"{name}=={v}\n" for name, v in sorted(stack.items()))
+
+
+def ensure_stack(version: str, log=print) -> Path | None:
+    """The release's second base stack (made on first use, cached), or None when the base
+    environment meets every requirement the release states on the packages pinned."""
+    stack = resolve_stack(version)
+    if not stack:
+        return None
+    target = stack_dir(stack)
+    done = target / ".complete"
+    if done.exists() and done.read_text() == _pin_lines(stack):
+        return target
+    wheels = [str(_pin_wheel(name, v, log)) for name, v in sorted(stack.items())]
+    if target.exists():
+        shutil.rmtree(target)  # an unfinished build of the same pins
+    log(f"installing the second base stack of vllm {version} "
+        f"({', '.join(f'{n}=={v}' for n, v in sorted(stack.items()))}) into {target}")
+    _pip("install", "--no-deps", "--no-compile", "--target", str(target), *wheels,
+         what=f"the stack of vllm {version}")
+    done.write_text(_pin_lines(stack))
+    return target
 
 
 def _find_wheel(version: str) -> Path | None:
@@ -158,8 +322,8 @@ def _pip(*args: str, what: str) -> None:
 def overlay_environment(version: str) -> dict[str, str]:
     """The environment of a process that runs ``version`` from its overlay."""
     env = dict(os.environ)
-    paths = [str(overlay_dir(version))] + ([str(STACK_DIR)] if needs_stack(version) else []) \
-        + [str(ROOT)]
+    stack = ensure_stack(version, log=lambda m: print(m, file=sys.stderr))
+    paths = [str(overlay_dir(version))] + ([str(stack)] if stack else []) + [str(ROOT)]
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(paths)
@@ -167,3 +331,13 @@ def overlay_environment(version: str) -> dict[str, str]:
     # its version: each release gets its own cache folder.
     env["VLLM_CACHE_ROOT"] = str(SIDE_ENVS / "cache" / version)
     return env
+
+
+if __name__ == "__main__":  # PYTHONPATH=$(.venv/bin/python -m harness.sideenv 0.30.0) ...
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m harness.sideenv VERSION  (prints the release's PYTHONPATH)")
+    try:
+        ensure_overlay(check_version(sys.argv[1]), log=lambda m: print(m, file=sys.stderr))
+        print(overlay_environment(sys.argv[1])["PYTHONPATH"])
+    except (SideEnvError, ValueError) as exc:
+        sys.exit(f"error: {exc}")

@@ -17,9 +17,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
+
 from harness.paths import ROOT, write_atomic
-from harness.sideenv import (SideEnvError, check_version, ensure_overlay, ensure_stack,
-                             overlay_environment, requirement)
+from harness.sideenv import (SideEnvError, base_version, check_version, ensure_overlay,
+                             ensure_stack, overlay_environment, requirement, resolve_stack)
 from reference import releases
 
 BASE = "0.11.0"
@@ -35,8 +37,8 @@ INDEX_HEADER = [
     "",
     "A release the reference does not describe (`reference/releases.py`) is compared with",
     "the newest one before it that it does; a row with fewer than 5,000 generated streams is",
-    "a first look.  Releases from 0.24.0 run with the second base stack (transformers 5,",
-    "`constraints-transformers5.txt`); what changed, release by release: [changelog.md](changelog.md).",
+    "a first look.  Releases from 0.24.0 run with a second base stack (transformers 5, xgrammar,",
+    "`constraints-stack.txt`); what changed, release by release: [changelog.md](changelog.md).",
     "",
     "| release | drivable | result | causes found | report |",
     "|---|---|---|---|---|",
@@ -109,12 +111,13 @@ def _explain(version: str, why: str) -> str:
         package = missing.group(1).split(".")[0]
         wanted = requirement(version, package)
         if wanted:
-            from importlib import metadata
             try:
-                have = metadata.version(package)
-            except metadata.PackageNotFoundError:
-                have = "none"
-            why += f"; vllm {version} requires {wanted}, the base environment has {package} {have}"
+                stacked = resolve_stack(version).get(canonicalize_name(package))
+            except SideEnvError:
+                stacked = None
+            have = f"the stack has {package} {stacked}" if stacked else \
+                f"the base environment has {package} {base_version(package) or 'none'}"
+            why += f"; vllm {version} requires {wanted}, {have}"
     return why
 
 
