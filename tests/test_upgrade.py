@@ -170,6 +170,183 @@ class TestShims:
         assert compat.slot_mapping(table, 1, 3, 3) == [31, 8, 9]
         assert any("Triton kernel" in d for d in compat.DETECTED)
 
+    def test_a_resumed_request_among_the_new_ones_is_traced_as_resumed(self, compat,
+                                                                        monkeypatch):
+        """0.34.0: no flag; a new request that has been preempted comes back from it."""
+        later = types.SimpleNamespace(req_ids=["a", "b"])  # neither flag field
+        assert compat.resumed_flags(later) == [False, False]
+        new = [types.SimpleNamespace(req_id="x"), types.SimpleNamespace(req_id="y")]
+        requests = {"x": types.SimpleNamespace(num_preemptions=0),
+                    "y": types.SimpleNamespace(num_preemptions=2)}
+        monkeypatch.setattr(compat, "RESUMED_AMONG_NEW", True)
+        assert compat.resumed_among_new(new, requests) == [False, True]
+        assert "resumed requests handed among the new ones" in compat.DETECTED
+        monkeypatch.setattr(compat, "RESUMED_AMONG_NEW", False)  # flagged among the cached
+        assert compat.resumed_among_new(new, requests) == [False, False]
+        v2 = types.SimpleNamespace(use_v2_model_runner=True)  # the flag there, but unused
+        assert compat.resumed_among_new(new, requests, v2) == [False, True]
+
+    def test_runner_output_index_only_where_the_output_has_it(self, compat, monkeypatch):
+        import dataclasses
+
+        @dataclasses.dataclass
+        class Later:
+            req_ids: list
+        monkeypatch.setattr(compat, "ModelRunnerOutput", Later)
+        assert compat.runner_output_kwargs(["a", "b"]) == {}
+        assert "ModelRunnerOutput without req_id_to_index" in compat.DETECTED
+
+        @dataclasses.dataclass
+        class Older:
+            req_ids: list
+            req_id_to_index: dict
+        monkeypatch.setattr(compat, "ModelRunnerOutput", Older)
+        assert compat.runner_output_kwargs(["a", "b"]) == {"req_id_to_index": {"a": 0, "b": 1}}
+
+    def test_synchronous_scheduling_is_said_where_async_is_the_default(self, compat,
+                                                                       monkeypatch):
+        import dataclasses
+
+        @dataclasses.dataclass
+        class Later:
+            async_scheduling: bool | None = None
+        monkeypatch.setattr(compat, "SchedulerConfig", Later)
+        assert compat.async_scheduling_kwargs(False) == {"async_scheduling": False}
+        assert compat.DETECTED == ["async scheduling on by default: set off explicitly"]
+
+    def test_the_built_config_keeps_synchronous_scheduling(self, compat):
+        from harness.engines.vllm_adapter import build_vllm_config
+        from harness.stream import Config
+        vc, _ = build_vllm_config(Config())
+        assert vc.scheduler_config.async_scheduling is False
+
+    def test_the_model_config_answers_multimodal_as_the_registry_stand_in(self, compat,
+                                                                          monkeypatch):
+        """0.31.0 on: the scheduler asks the model config, which asks vLLM's registry."""
+        class LaterModelConfig:
+            multimodal_config = None
+
+            def _cached_supports_multimodal_inputs(self):
+                return False  # no registered processor: "text-only"
+        mc = LaterModelConfig()
+        monkeypatch.setattr(compat, "BUDGET_ASKS_MODEL_CONFIG", True)
+        with compat.multimodal_while_sizing(mc, images=True):
+            assert mc._cached_supports_multimodal_inputs() is True
+            assert mc.multimodal_config.mm_processor_cache_gb == 0  # no receiver cache
+        assert mc._cached_supports_multimodal_inputs() is False
+        assert mc.multimodal_config is None
+        with compat.multimodal_while_sizing(mc, images=False):
+            assert mc._cached_supports_multimodal_inputs() is False
+
+    def test_the_processor_stand_in_has_the_models_context(self):
+        from harness.engines.vllm_adapter import EncoderRegistry
+        mc = types.SimpleNamespace(max_model_len=64)
+        processor = EncoderRegistry(12).create_processor(mc)
+        assert processor.info.ctx.model_config is mc
+        assert processor.info.get_mm_max_tokens_per_item(64, {"image": 1}) == {"image": 12}
+
+    def test_hash_lookahead_resolved_again_once_the_stand_in_is_set(self, compat):
+        class Later:
+            num_hash_lookahead_tokens = 0
+            speculative_config = None
+
+            def _resolve_num_hash_lookahead_tokens(self):
+                return 0 if self.speculative_config is None else 1
+        vc = Later()
+        vc.speculative_config = "eagle"
+        compat.after_speculative_config(vc)
+        assert vc.num_hash_lookahead_tokens == 1
+        older = types.SimpleNamespace(speculative_config="eagle")
+        compat.after_speculative_config(older)  # a property there: nothing to resolve
+        assert not hasattr(older, "num_hash_lookahead_tokens")
+
+    def test_the_speculative_stand_in_answers_with_vllms_config_class(self, compat,
+                                                                       monkeypatch):
+        import sys
+
+        class Base:
+            uses_target_hidden_states = False
+
+            def __init__(self, spec):
+                self.spec_config = spec
+
+            @classmethod
+            def specialize(cls, spec):
+                return cls
+
+        class Eagle(Base):
+            uses_target_hidden_states = True
+        seen = []
+
+        def get_method_config_class(spec):
+            seen.append((spec.custom_method, spec.method))
+            return Eagle if spec.method == "eagle" else Base
+        module = types.ModuleType("speculator_config")
+        module.get_method_config_class = get_method_config_class
+        monkeypatch.setitem(sys.modules,
+                            "vllm.v1.worker.gpu.spec_decode.speculator_config", module)
+        from harness.engines.vllm_adapter import SpeculativeStandIn
+        eagle, ngram = SpeculativeStandIn(2, "eagle"), SpeculativeStandIn(2, "ngram")
+        assert isinstance(eagle.speculator_config, Eagle)
+        assert eagle.speculator_config.spec_config is eagle
+        assert eagle.uses_target_hidden_states and not ngram.uses_target_hidden_states
+        assert seen[0] == (None, "eagle")
+        assert eagle.use_eagle_block_drop() and eagle.needs_eagle_block_drop()
+        assert not ngram.use_eagle_block_drop()
+        assert not eagle.uses_dynamic_speculative_decoding()
+
+    def test_set_aside_requests_seen_in_the_deferred_set(self, compat):
+        """0.31.0 on: ``schedule()`` marks each request it passes over in
+        ``deferred_waiting``; only the marks made while the hook is on are recorded."""
+        seen = []
+        sched = types.SimpleNamespace(deferred_waiting={"old"})
+        hooked = compat.set_aside_queue_hook(seen.append, sched)
+        sched.deferred_waiting.add("before")
+        with hooked():
+            sched.deferred_waiting.add("c")
+            sched.deferred_waiting.add("a")
+        sched.deferred_waiting.add("after")
+        assert seen == ["c", "a"]
+        assert sched.deferred_waiting == {"old", "before", "c", "a", "after"}
+        sched.deferred_waiting.discard("c")
+        assert "c" not in sched.deferred_waiting
+
+    def test_bitmask_rows_taken_from_fixed_blocks(self, compat):
+        """0.34.0: each request owns 1 + num_spec_tokens rows and fills the first ones; a
+        row after a draft the grammar rejects allows every token (all bits set)."""
+        rows = [[0, 1], [0, 2], [-1, -1], [-1, -1], [1, 0], [5, 5], [5, 5], [5, 5]]
+        out = compat.written_bitmask_rows(rows, ["a", "b"], {"a": [6, 9]}, 3)
+        assert out == [[0, 1], [0, 2], ["a", -1], [1, 0]]
+        packed = [[0, 1], [0, 2], [1, 0]]  # up to 0.33.0: exactly the written rows
+        assert compat.written_bitmask_rows(packed, ["a", "b"], {"a": [6, 9]}, 3) == packed
+        full = [[0, 0], [0, 1], [1, 0], [1, 1]]  # every draft: the layouts agree
+        assert compat.written_bitmask_rows(full, ["a", "b"], {"a": [1], "b": [2]}, 1) == full
+
+    def test_structured_output_backend_named_as_the_input_processor_names_it(self, compat):
+        later = types.SimpleNamespace(structured_outputs=types.SimpleNamespace(_backend=None))
+        compat.set_structured_output_backend(later)
+        assert later.structured_outputs._backend == "xgrammar"
+        chosen = types.SimpleNamespace(
+            structured_outputs=types.SimpleNamespace(_backend="guidance"))
+        compat.set_structured_output_backend(chosen)
+        assert chosen.structured_outputs._backend == "guidance"
+        compat.set_structured_output_backend(types.SimpleNamespace(structured_outputs=None))
+
+    def test_the_scripted_executor_answers_sample_tokens_with_the_batch_it_ran(self):
+        """0.34.0's EngineCore asks execute_model for a Future without a batch queue too,
+        and with one takes sample_tokens' Future as the batch's."""
+        from harness.engines.vllm_core import ScriptedExecutor
+        executor = object.__new__(ScriptedExecutor)
+        engine = types.SimpleNamespace(batch_queue=False, run_model=lambda so: ("out", so))
+        executor.engine, executor.pending = engine, None
+        assert executor.sample_tokens(None) is None  # nothing ran yet
+        future = executor.execute_model("s0", non_block=True)
+        assert future.done() and future.result() == ("out", "s0")
+        assert executor.sample_tokens(None, non_block=True) is future
+        assert executor.sample_tokens(None) == ("out", "s0")
+        assert executor.execute_model("s1") == ("out", "s1")
+        assert executor.compile_or_warm_up_model() == []
+
     def test_0_11_0_needs_no_shim(self, compat):
         from harness.engines.vllm_adapter import build_scheduler
         from harness.stream import Config

@@ -51,6 +51,7 @@ from __future__ import annotations
 from harness.engines import vllm_env  # before vLLM is imported
 
 import dataclasses  # noqa: E402
+import types  # noqa: E402
 from collections import deque  # noqa: E402
 from concurrent.futures import Future  # noqa: E402
 
@@ -129,6 +130,33 @@ class SpeculativeStandIn:
 
     def use_multi_module_mtp(self) -> bool:  # read from 0.28.0
         return False
+
+    # Read from 0.34.0, as vLLM's SpeculativeConfig answers them: its options at their
+    # defaults, and what it derives from the method (its own code, restated).
+    custom_method = None
+    disable_eagle_block_drop = False
+    disable_lookahead_block_hashes = False
+    enable_adaptive_verification = False
+
+    @property
+    def speculator_config(self):
+        """vLLM's own config class of the method (``NgramSpeculatorConfig``,
+        ``EagleSpeculatorConfig``): the lookahead the scheduler reserves and the tokens a
+        prefill chunk keeps ahead come from it (``VllmConfig.num_lookahead_tokens``)."""
+        return compat.speculator_config(self)
+
+    @property
+    def uses_target_hidden_states(self) -> bool:
+        return self.speculator_config.uses_target_hidden_states
+
+    def needs_eagle_block_drop(self) -> bool:
+        return self.use_eagle() and not (self.use_dflash() or self.use_dspark())
+
+    def use_eagle_block_drop(self) -> bool:
+        return self.needs_eagle_block_drop() and not self.disable_eagle_block_drop
+
+    def uses_dynamic_speculative_decoding(self) -> bool:
+        return self.num_speculative_tokens_per_batch_size is not None
 
 
 class ScriptedGrammar(StructuredOutputGrammar):
@@ -284,7 +312,7 @@ class EncoderRegistry:
         return None
 
     def create_processor(self, model_config, cache=None) -> "_ProcessorStandIn":
-        return _ProcessorStandIn(self.by_modality)
+        return _ProcessorStandIn(self.by_modality, model_config)
 
 
 class _ProcessorStandIn:
@@ -292,8 +320,10 @@ class _ProcessorStandIn:
     per prompt is allowed; the scheduler never reads the per-prompt limit) and the largest
     item of each."""
 
-    def __init__(self, by_modality: dict[str, int]) -> None:
+    def __init__(self, by_modality: dict[str, int], model_config=None) -> None:
         self.info = self
+        # 0.34.0 reads the model's max_model_len through the processing context.
+        self.ctx = types.SimpleNamespace(model_config=model_config)
         self.by_modality = by_modality
         self.supported_mm_limits = {m: None for m in by_modality}
         self.allowed_mm_limits = {m: 1 for m in by_modality}
@@ -326,7 +356,7 @@ def build_vllm_config(c: Config, largest_mm_item: int = 0,
         max_model_len=c.max_model_len,
         enable_chunked_prefill=c.enable_chunked_prefill,
         long_prefill_token_threshold=c.long_prefill_token_threshold,
-        policy=c.policy, async_scheduling=c.async_scheduling,
+        policy=c.policy, **compat.async_scheduling_kwargs(c.async_scheduling),
         **compat.scheduler_config_kwargs(mc),
     )
     cc = CacheConfig(block_size=c.block_size, enable_prefix_caching=c.enable_prefix_caching,
@@ -350,10 +380,12 @@ def build_vllm_config(c: Config, largest_mm_item: int = 0,
     if c.num_speculative_tokens > 0:
         object.__setattr__(vc, "speculative_config",
                            SpeculativeStandIn(c.num_speculative_tokens, c.speculative_method))
+        compat.after_speculative_config(vc)
     effective = (vc.scheduler_config.max_num_batched_tokens, vc.cache_config.block_size,
                  compat.effective_chunked_prefill(vc.scheduler_config),
-                 compat.effective_max_model_len(vc))
-    wanted = (c.max_num_batched_tokens, c.block_size, c.enable_chunked_prefill, c.max_model_len)
+                 compat.effective_max_model_len(vc), vc.scheduler_config.async_scheduling)
+    wanted = (c.max_num_batched_tokens, c.block_size, c.enable_chunked_prefill, c.max_model_len,
+              c.async_scheduling)
     if effective != wanted:
         raise RuntimeError(f"vLLM changed the config: wanted {wanted}, got {effective}")
     encoder = {}
@@ -379,11 +411,7 @@ def pool_header(vc: VllmConfig, num_blocks: int) -> dict:
     """The trace header of a pool of ``num_blocks`` pages for the model's layers."""
     specs = layer_specs(vc)
     spec = next(iter(specs.values()))
-    try:
-        shape = FlashAttentionBackend.get_kv_cache_shape(num_blocks, spec.block_size,
-                                                         spec.num_kv_heads, spec.head_size)
-    except ValueError:  # the backend refuses this block size
-        shape = None
+    shape = compat.flash_attention_kv_shape(num_blocks, spec)  # None: a block size refused
     return kv_cache_header(num_blocks, spec.block_size, len(specs), spec.page_size_bytes, shape)
 
 
@@ -397,6 +425,7 @@ def pages_from_memory(c: Config) -> int:
     mc = vc.model_config
     model_max, mc.max_model_len = mc.max_model_len, c.max_model_len
     try:
+        compat.resolve_kv_cache_layout(vc, layer_specs(vc).values())
         (config,) = ku.get_kv_cache_configs(vc, [layer_specs(vc)], [c.kv_cache_memory_bytes])
     finally:
         mc.max_model_len = model_max
@@ -542,7 +571,7 @@ class VllmEngine:
         kvm.get_computed_blocks = get_computed_blocks
         pool._maybe_evict_cached_block = maybe_evict
         self._set_aside_queue = compat.set_aside_queue_hook(
-            lambda request: self._observed.set_aside.append(request.request_id))
+            lambda request: self._observed.set_aside.append(request.request_id), self.sched)
 
     # -- the engine interface ---------------------------------------------------
 
@@ -619,8 +648,11 @@ class VllmEngine:
     def translate(self, out) -> Scheduled:
         """A SchedulerOutput as the worker receives it, in engine-neutral form."""
         before = self._before
-        handed = [Handed(d.req_id, NEW, [list(g) for g in d.block_ids], d.num_computed_tokens)
-                  for d in out.scheduled_new_reqs]
+        new = out.scheduled_new_reqs
+        resumed_new = compat.resumed_among_new(new, self.requests, self.sched)  # resumed there?
+        handed = [Handed(d.req_id, RESUMED if resumed_new[i] else NEW,
+                         [list(g) for g in d.block_ids], d.num_computed_tokens)
+                  for i, d in enumerate(new)]
         cached = out.scheduled_cached_reqs
         resumed = compat.resumed_flags(cached)
         handed += [Handed(rid, RESUMED if resumed[i] else RUNNING,
@@ -634,7 +666,8 @@ class VllmEngine:
             handed, out.num_scheduled_tokens.items(), out.scheduled_spec_decode_tokens,
             out.finished_req_ids, before, self._observed, self.workers, self.rows,
             lambda rid: (reqs[rid].num_tokens, reqs[rid].num_output_tokens),
-            grammar_index, [(self.row_ids[int(row)], int(state)) for row, state in bitmask],
+            grammar_index, [(row if isinstance(row, str) else self.row_ids[int(row)], int(state))
+                            for row, state in bitmask],  # a str: an unconstrained row's owner
             {rid: list(ids) for rid, ids in out.scheduled_encoder_inputs.items()},
             list(out.free_encoder_mm_hashes), self._pending)
         return scheduled
@@ -657,7 +690,7 @@ class VllmEngine:
             tokens = compat.sampled_token_ids([list(sampled.get(rid, [])) for rid in ids])
             pooled = []
         output = ModelRunnerOutput(
-            req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)},
+            req_ids=ids, **compat.runner_output_kwargs(ids),
             sampled_token_ids=tokens, logprobs=None, prompt_logprobs_dict={},
             pooler_output=pooled)
         if self.script is not None:

@@ -147,7 +147,7 @@ def _loop(stream: Stream, record: bool, run: BareRun) -> None:
             tokens = compat.sampled_token_ids([emitted.get(rid, []) for rid in ids])
             pooled = []
         sched.update_from_output(out, ModelRunnerOutput(
-            req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)},
+            req_ids=ids, **compat.runner_output_kwargs(ids),
             sampled_token_ids=tokens, logprobs=None, prompt_logprobs_dict={},
             pooler_output=pooled))
         if c.num_speculative_tokens:

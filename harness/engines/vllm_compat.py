@@ -24,6 +24,19 @@ difference was first seen; ``DETECTED`` lists the ones this vLLM needed.
 | ``RequestStatus.WAITING_FOR_FSM`` | its name | ``WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR`` (0.19.0): traced under the old name |
 | ``Request(structured_output_request=)`` | given by the caller | built from ``SamplingParams`` (0.11.1) |
 | structured-output ids and bitmask | in ``SchedulerOutput`` (a dict: batch index) | ``Scheduler.get_grammar_bitmask()`` after ``schedule()`` (a list, 0.11.1) |
+| ``SchedulerConfig.async_scheduling`` default | False | None, which ``VllmConfig`` turns on (0.14.0; on a CPU too in 0.34.0): always given as the stream's bool, and checked |
+| ``ModelConfig.supports_multimodal_inputs`` | not read | read by the scheduler instead of its registry (0.31.0): answered as the registry stand-in while the scheduler starts |
+| a request resumed from preemption | among the cached requests, flagged | among the new ones, unflagged, under the model runner v2 (0.25.1 seen) and always (0.34.0, flag gone): resumed when its ``num_preemptions`` > 0, see :func:`resumed_among_new` |
+| ``ModelRunnerOutput(req_id_to_index=)`` | required | gone (0.34.0): a request's place in ``req_ids`` |
+| ``vllm.v1.worker.block_table.BlockTable`` | the worker's table | gone (0.34.0): the CPU model runner v2's ``CPUBlockTables`` |
+| ``SpeculativeConfig.speculator_config`` and its shortcuts | not read | read for the lookahead and eagle's block drop (0.34.0): vLLM's config class of the method |
+| ``VllmConfig.num_hash_lookahead_tokens`` | absent | a property (0.33.0 seen), a field resolved once at construction (0.34.0): resolved again after the speculative stand-in is set |
+| ``KVCacheManager.get_computed_blocks`` | (pages, hit tokens) | a third value (0.34.0): the hook reads the first two |
+| requests set aside in ``schedule()`` | a queue made there (``prepend_request``) | plain deques, each request marked in ``Scheduler.deferred_waiting`` first (0.31.0): the marks are recorded |
+| grammar bitmask rows | packed: one per scheduled draft plus one | a block of ``1 + num_spec_tokens`` per request, the first ones written (0.34.0): those are taken; a row left unconstrained is traced with state -1 |
+| multimodal processor stand-in | ``info`` read | also ``info.ctx.model_config`` (0.34.0) |
+| the KV cache layout | fixed by the backend | resolved once by the engine core before the sizing (0.29.0): see :func:`resolve_kv_cache_layout` |
+| ``FlashAttentionBackend.get_kv_cache_shape`` | the backend's tensor shape | gone (0.29.0): the logical per-layer view, see :func:`flash_attention_kv_shape` |
 """
 
 from __future__ import annotations
@@ -92,6 +105,39 @@ def scheduler_config_kwargs(model_config) -> dict[str, Any]:
         _note("SchedulerConfig(is_encoder_decoder=)")
         return {"is_encoder_decoder": bool(getattr(model_config, "is_encoder_decoder", False))}
     return {}
+
+
+def speculator_config(spec):
+    """0.34.0: what ``SpeculativeConfig.speculator_config`` gives for a config with no
+    draft checkpoint: an instance of vLLM's config class for the method, specialized as
+    ``get_speculator_config_class`` specializes it."""
+    from vllm.v1.worker.gpu.spec_decode.speculator_config import get_method_config_class
+    _note("SpeculativeConfig.speculator_config")
+    return get_method_config_class(spec).specialize(spec)(spec)
+
+
+def after_speculative_config(vllm_config) -> None:
+    """The harness sets its speculative stand-in after ``VllmConfig`` is built.  From 0.34.0
+    ``VllmConfig`` resolves ``num_hash_lookahead_tokens`` (block hashes covering the tokens
+    an eagle drafter reads past a block; the KV cache manager then keeps the last cached
+    page) once, when it is built; it is resolved again here, as with the speculative
+    config in place.  Up to 0.33.0 it is a property, read from the stand-in each time."""
+    resolve = getattr(vllm_config, "_resolve_num_hash_lookahead_tokens", None)
+    if resolve is None:
+        return
+    _note("VllmConfig.num_hash_lookahead_tokens resolved with the speculative config")
+    object.__setattr__(vllm_config, "num_hash_lookahead_tokens", resolve())
+
+
+def async_scheduling_kwargs(on: bool) -> dict[str, Any]:
+    """``SchedulerConfig(async_scheduling=)``, always given as the stream's bool.  In
+    0.11.0 (to 0.12.0) its default is False; later (0.14.0 seen) it is None, which
+    ``VllmConfig`` turns on unless the executor or a pooling model refuses (0.34.0 on a
+    CPU too): a synchronous stream must say False.  The adapter checks the built config."""
+    field = getattr(SchedulerConfig, "__dataclass_fields__", {}).get("async_scheduling")
+    if field is not None and field.default is not False:
+        _note("async scheduling on by default: set off explicitly")
+    return {"async_scheduling": bool(on)}
 
 
 def cache_config_kwargs() -> dict[str, Any]:
@@ -316,11 +362,24 @@ def multimodal_while_sizing(model_config, images: bool):
         return
     from vllm.config.multimodal import MultiModalConfig
     _note("MultiModalBudget reads the model's multimodal config")
-    model_config.multimodal_config = MultiModalConfig()
+    # No processor cache: the harness's items carry no data, and no client-side cache
+    # stands behind them (0.34.0's EngineCore builds a receiver cache otherwise).
+    model_config.multimodal_config = MultiModalConfig(mm_processor_cache_gb=0)
+    # From 0.31.0 the scheduler asks the model config, not its registry, whether the model
+    # takes multimodal inputs; the config asks vLLM's global registry for the model's
+    # processor, which the bundled text-only models lack (it would answer "text-only": no
+    # encoder budget, and no request with an image ever scheduled).  It answers as the
+    # registry stand-in does, while the scheduler starts.
+    asks_model = hasattr(model_config, "_cached_supports_multimodal_inputs")
+    if asks_model:
+        _note("ModelConfig.supports_multimodal_inputs answered as the registry stand-in")
+        object.__setattr__(model_config, "_cached_supports_multimodal_inputs", lambda: True)
     try:
         yield
     finally:
         model_config.multimodal_config = None
+        if asks_model:
+            object.__delattr__(model_config, "_cached_supports_multimodal_inputs")
 
 
 #: Request statuses renamed by later releases, under their 0.11.0 names (the trace's).
@@ -336,12 +395,69 @@ def status_name(status) -> str:
 
 
 def resumed_flags(cached) -> list[bool]:
-    """Per cached request of a SchedulerOutput: was it resumed from preemption?"""
+    """Per cached request of a SchedulerOutput: was it resumed from preemption?  (From
+    0.34.0 none is: a resumed request is handed among the new ones, see
+    :func:`resumed_among_new`.)"""
     if hasattr(cached, "resumed_from_preemption"):
         return list(cached.resumed_from_preemption)
-    _note("CachedRequestData.resumed_req_ids")
-    resumed = cached.resumed_req_ids
-    return [rid in resumed for rid in cached.req_ids]
+    if hasattr(cached, "resumed_req_ids"):
+        _note("CachedRequestData.resumed_req_ids")
+        resumed = cached.resumed_req_ids
+        return [rid in resumed for rid in cached.req_ids]
+    _note("resumed requests handed among the new ones")
+    return [False] * len(cached.req_ids)
+
+
+def resumes_among_new(scheduler) -> bool:
+    """Whether the scheduler hands a request resumed from preemption among the new ones:
+    always in 0.34.0 (``CachedRequestData`` has no resumed flag left), and before that
+    when it serves the model runner v2 (``Scheduler.use_v2_model_runner``, 0.25.1 seen:
+    its resumed list is moved into the new one and the flag set stays empty)."""
+    return RESUMED_AMONG_NEW or bool(getattr(scheduler, "use_v2_model_runner", False))
+
+
+def resumed_among_new(new_reqs, requests, scheduler=None) -> list[bool]:
+    """Per new request of a SchedulerOutput (``NewRequestData``): was it resumed from
+    preemption?  ``requests``: the harness's vLLM ``Request`` of each id.
+
+    Where vLLM hands a resumed request among the cached ones, flagged, none is.  0.34.0
+    (and earlier releases serving the model runner v2, see :func:`resumes_among_new`)
+    hands it among the new ones, with its whole block table, and no flag.
+    Older releases flagged exactly the requests ``schedule()`` took from the waiting queue
+    in status PREEMPTED; in 0.34.0 a request in that status when taken has been preempted
+    (``num_preemptions`` > 0, which nothing lowers), and one preempted before and taken
+    again is always in that status (only a streaming session's update sets a preempted
+    request WAITING; the harness has none).  So a new request is resumed exactly when its
+    ``num_preemptions`` is positive: a request is new once, and each later time it is
+    among the new ones it comes back from a preemption.
+
+    Checked over the bundled streams (2026-12-03): on 0.33.0 with the model runner v1
+    (``VLLM_USE_V2_MODEL_RUNNER=0``) the rule gives vLLM's own ``resumed_req_ids`` on all
+    295 whole-table hand-overs (14 resumed); on 0.33.0 (v2) and 0.34.0 it gives, on all
+    255 and 294, the requests PREEMPTED when ``schedule()`` began or preempted in it.
+    """
+    if not new_reqs or not resumes_among_new(scheduler):
+        return [False] * len(new_reqs)
+    _note("resumed requests handed among the new ones")
+    return [requests[d.req_id].num_preemptions > 0 for d in new_reqs]
+
+
+def _cached_fields() -> set[str]:
+    from vllm.v1.core.sched.output import CachedRequestData
+    return {*getattr(CachedRequestData, "__dataclass_fields__", {}), *vars(CachedRequestData)}
+
+
+#: 0.34.0: CachedRequestData carries no resumed flag; resumed requests are among the new ones.
+RESUMED_AMONG_NEW = not {"resumed_from_preemption", "resumed_req_ids"} & _cached_fields()
+
+
+def runner_output_kwargs(req_ids: list[str]) -> dict[str, Any]:
+    """``ModelRunnerOutput(req_id_to_index=)`` where it has the field (gone in 0.34.0: the
+    scheduler reads a request's place in ``req_ids``)."""
+    if "req_id_to_index" in getattr(ModelRunnerOutput, "__dataclass_fields__", {}):
+        return {"req_id_to_index": {rid: i for i, rid in enumerate(req_ids)}}
+    _note("ModelRunnerOutput without req_id_to_index")
+    return {}
 
 
 _SAMPLED_AS_ARRAYS = "ndarray" in str(
@@ -356,12 +472,32 @@ def sampled_token_ids(tokens: list[list[int]]) -> list:
     return tokens
 
 
-def set_aside_queue_hook(record):
+def set_aside_queue_hook(record, scheduler=None):
     """A context manager for one ``schedule()`` call: the queue vLLM makes there for the
     waiting requests it passes over (``skipped_waiting_requests``) reports each request
     put into it to ``record``.  The scheduler's own waiting queue is made at start-up,
-    outside the hook, so it is not affected."""
+    outside the hook, so it is not affected.
+
+    From 0.31.0 ``schedule()`` passes a request over in a local ``skip_request``, into
+    plain deques (one per waiting queue), and marks it in the scheduler's
+    ``deferred_waiting`` set first; the only ``add`` to that set inside ``schedule()``
+    is that mark, so the set reports each ``add`` made while the hook is on."""
     import contextlib
+
+    deferred = getattr(scheduler, "deferred_waiting", None)
+    if isinstance(deferred, set):
+        _note("set-aside requests seen in Scheduler.deferred_waiting")
+        marks = _RecordingSet(deferred)
+        scheduler.deferred_waiting = marks
+
+        @contextlib.contextmanager
+        def marking():
+            marks.record = record
+            try:
+                yield
+            finally:
+                marks.record = None
+        return marking
 
     from vllm.v1.core.sched import scheduler as sched_module
     real = sched_module.create_request_queue
@@ -392,6 +528,17 @@ def set_aside_queue_hook(record):
     return hooked
 
 
+class _RecordingSet(set):
+    """A set that reports each element added while ``record`` is set."""
+
+    record = None
+
+    def add(self, element) -> None:
+        if self.record is not None:
+            self.record(element)
+        super().add(element)
+
+
 def grammar_output(scheduler, output) -> tuple[dict[str, int], list]:
     """The step's structured-output part: {request id: index} and the bitmask rows (each
     row: [harness row number, grammar state], written by the scripted grammar).
@@ -408,8 +555,58 @@ def grammar_output(scheduler, output) -> tuple[dict[str, int], list]:
     grammar = scheduler.get_grammar_bitmask(output)
     if grammar is None:
         return {}, []
-    return ({rid: i for i, rid in enumerate(grammar.structured_output_request_ids)},
-            grammar.grammar_bitmask.tolist())
+    ids = list(grammar.structured_output_request_ids)
+    return ({rid: i for i, rid in enumerate(ids)},
+            written_bitmask_rows(grammar.grammar_bitmask.tolist(), ids,
+                                 output.scheduled_spec_decode_tokens,
+                                 getattr(scheduler, "num_spec_tokens", 0) or 0))
+
+
+def written_bitmask_rows(rows: list, ids: list[str], spec_tokens: dict[str, list[int]],
+                         num_spec_tokens: int) -> list:
+    """The bitmask rows vLLM wrote for this step, request after request: one per scheduled
+    draft plus one.
+
+    Up to 0.33.0 they are packed, and the bitmask holds exactly those.  0.34.0 gives each
+    request a block of ``1 + num_spec_tokens`` rows and writes only the first ones (the
+    others keep what an earlier step left): the block's written rows are taken.  Which
+    layout a bitmask has is told by its length; when each request has every draft (or
+    there are none) the two layouts are the same rows.
+    """
+    wanted = [1 + len(spec_tokens.get(rid, ())) for rid in ids]
+    stride = 1 + num_spec_tokens
+    owners = [rid for rid, n in zip(ids, wanted) for _ in range(n)]
+    if len(rows) != sum(wanted) and len(rows) == stride * len(ids):
+        _note("grammar bitmask in fixed blocks per request")
+        rows = [row for i, n in enumerate(wanted) for row in rows[i * stride:i * stride + n]]
+    if len(rows) != len(owners):
+        return rows
+    return [_unconstrained(row, owner) for row, owner in zip(rows, owners)]
+
+
+#: A bitmask row that allows every token: vLLM fills it with all bits set (int32 -1).
+FULL_MASK_ROW = [-1, -1]
+
+
+def _unconstrained(row: list, owner: str) -> list:
+    """A row the grammar did not fill (0.34.0: the one after a draft the grammar rejects,
+    as vLLM no longer cuts drafts before handing them over) allows every token; it is
+    traced under the request whose rows hold it, with grammar state -1."""
+    if list(row) != FULL_MASK_ROW:
+        return row
+    _note("bitmask rows the grammar leaves unconstrained")
+    return [owner, -1]
+
+
+def set_structured_output_backend(params) -> None:
+    """The backend name vLLM's input processor resolves for a request (``_backend``; the
+    engine's default ``auto`` gives ``xgrammar`` for a JSON object), which 0.34.0's
+    ``grammar_init`` requires.  The harness's backend stand-in is in place already, so
+    the name selects nothing."""
+    so = getattr(params, "structured_outputs", None)
+    if so is not None and getattr(so, "_backend", "absent") is None:
+        _note("StructuredOutputsParams._backend set as the input processor sets it")
+        so._backend = "xgrammar"
 
 
 def structured_output_request_kwargs(params) -> dict[str, Any]:
@@ -421,3 +618,57 @@ def structured_output_request_kwargs(params) -> dict[str, Any]:
         return {"structured_output_request": StructuredOutputRequest(sampling_params=params)}
     _note("Request builds its StructuredOutputRequest")
     return {}
+
+
+def _layout_resolver():
+    """0.29.0: ``resolve_kv_cache_layout`` and the worker's list of the layouts its
+    backends support, or None where the sizing reads no resolved layout."""
+    try:
+        from vllm.v1.attention.backends.utils import (get_supported_kv_cache_layouts,
+                                                      resolve_kv_cache_layout)
+    except ImportError:
+        return None
+    return resolve_kv_cache_layout, get_supported_kv_cache_layouts
+
+
+def supported_kv_cache_layouts() -> list[str] | None:
+    """What a CUDA worker running the flash-attention backend reports to the engine core
+    (``get_supported_kv_cache_layouts``: names, most preferred first); None before 0.29.0."""
+    found = _layout_resolver()
+    if found is None:
+        return None
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
+    return [layout.name for layout in found[1]([FlashAttentionBackend])]
+
+
+def resolve_kv_cache_layout(vllm_config, specs) -> None:
+    """0.29.0: the engine core resolves one KV cache layout for the model, from what the
+    workers' backends support and the layers' specs, before the start-up sizing reads it
+    (``get_kv_cache_configs`` raises while it is unresolved).  Done here as the engine
+    core does it, once per config; nothing to do before 0.29.0."""
+    found = _layout_resolver()
+    if found is None or getattr(vllm_config.cache_config, "kv_cache_layout", None) is not None:
+        return
+    _note("resolve_kv_cache_layout before the start-up sizing")
+    found[0](vllm_config, [supported_kv_cache_layouts()], list(specs))
+
+
+def flash_attention_kv_shape(num_blocks: int, spec) -> tuple[int, ...] | None:
+    """One layer's KV tensor shape as the flash-attention backend sees it, or None for a
+    block size the backend refuses.  Up to 0.28.0 the backend's ``get_kv_cache_shape``;
+    from 0.29.0 (gone) the logical per-layer view every backend gets
+    (``compute_layer_kv_cache_shape_bytes``: pages, heads, tokens, content in bytes),
+    its content counted in the cache's dtype, for a block size the backend's kernels take."""
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
+    get_shape = getattr(FlashAttentionBackend, "get_kv_cache_shape", None)
+    if get_shape is not None:
+        try:
+            return tuple(get_shape(num_blocks, spec.block_size, spec.num_kv_heads, spec.head_size))
+        except ValueError:
+            return None
+    _note("KV tensor shape from compute_layer_kv_cache_shape_bytes")
+    from vllm.v1.kv_cache_interface import compute_layer_kv_cache_shape_bytes
+    if not FlashAttentionBackend.supports_block_size(spec.block_size):
+        return None
+    *outer, content = compute_layer_kv_cache_shape_bytes(spec, num_blocks)
+    return (*outer, content // spec.dtype.itemsize)

@@ -119,12 +119,18 @@ class ScriptedExecutor(Executor):
     def _init_executor(self) -> None:
         self.engine: VllmCoreEngine = _STARTING[0]
         self.drafts: DraftTokenIds | None = None
+        self.pending: Future | None = None  # the last batch's output
 
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None, non_block=False):
         return [None]  # initialize_cache and friends: no worker to tell
 
     def check_health(self) -> None:
         pass
+
+    def compile_or_warm_up_model(self) -> list:
+        """No model: nothing compiled, no compilation times (0.34.0's EngineCore reads them
+        from each worker's answer; earlier releases ignore the answer)."""
+        return []
 
     def _specs(self) -> dict:
         """One spec per layer: the model's full-attention layers, or for a stream with its
@@ -138,6 +144,11 @@ class ScriptedExecutor(Executor):
 
     def get_kv_cache_specs(self):
         return [self._specs()]
+
+    def get_supported_kv_cache_layouts(self):
+        """0.29.0: the layouts the worker's flash-attention backend supports, from which
+        EngineCore resolves the KV cache layout at start-up."""
+        return [compat.supported_kv_cache_layouts()]
 
     def determine_available_memory(self):
         """The stream's ``kv_cache_memory_bytes``, or exactly its pool: ``num_gpu_blocks``
@@ -167,10 +178,30 @@ class ScriptedExecutor(Executor):
 
     def execute_model(self, scheduler_output, non_block: bool = False):
         output = self.engine.run_model(scheduler_output)
+        self.pending = None
         if not non_block:
             return output
-        return WorkerFuture(self.engine, self.engine._scheduled, self.engine._sampled, output,
-                            ready=self.engine.step in self.engine.config.async_ready_steps)
+        if not self.engine.batch_queue:
+            # 0.34.0's EngineCore.step asks for a Future without a batch queue too: the
+            # output is there at once, as the synchronous loop has it.
+            done: Future = Future()
+            done.set_result(output)
+            self.pending = done
+            return done
+        self.pending = WorkerFuture(self.engine, self.engine._scheduled, self.engine._sampled,
+                                    output,
+                                    ready=self.engine.step in self.engine.config.async_ready_steps)
+        return self.pending
+
+    def sample_tokens(self, grammar_output, non_block: bool = False):
+        """The sampled output of the batch ``execute_model`` took last.  EngineCore asks for
+        it when ``execute_model`` hands back no output, and (0.34.0, with the batch queue)
+        always, keeping this Future as the batch's; here the model's answer was whole
+        already, so it is the same Future."""
+        pending = self.pending
+        if pending is None:
+            return None
+        return pending if non_block else pending.result()
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:
         drafts, self.drafts = self.drafts, None
@@ -269,8 +300,11 @@ class VllmCoreEngine(VllmEngine):
                                f"vLLM's sizing function at {c.num_gpu_blocks}")
         sched = self.core.scheduler
         real_schedule, real_reset = sched.schedule, sched.reset_prefix_cache
-        sched.schedule = lambda: self.observed_schedule(real_schedule)
-        sched.reset_prefix_cache = lambda: self._keep_reset_answer(real_reset())
+        # (0.34.0's EngineCore passes schedule() arguments, e.g. throttle_prefills)
+        sched.schedule = lambda *args, **kwargs: self.observed_schedule(
+            lambda: real_schedule(*args, **kwargs))
+        sched.reset_prefix_cache = lambda *args, **kwargs: self._keep_reset_answer(
+            real_reset(*args, **kwargs))  # 0.34.0's EngineCore passes two flags
         self.batch_queue = c.batch_queue
         if (self.core.batch_queue is not None) != self.batch_queue:
             raise RuntimeError("EngineCore's batch queue does not follow the stream "
@@ -310,6 +344,8 @@ class VllmCoreEngine(VllmEngine):
 
     def add(self, spec, arrival_index: int) -> None:
         params = sampling_params(spec)
+        if spec.structured_output is not None:
+            compat.set_structured_output_backend(params)
         request = EngineCoreRequest(
             request_id=spec.id, prompt_token_ids=list(spec.prompt),
             mm_features=mm_features(spec), sampling_params=params,
@@ -398,4 +434,16 @@ class VllmCoreEngine(VllmEngine):
         self.step += 1
 
     def shutdown(self) -> None:
-        self.core.shutdown()
+        """EngineCore's own shutdown, less the process-wide clean-up that 0.34.0 adds to it
+        (``cleanup_dist_env_and_memory``: process groups, which the harness never makes,
+        and the device's memory cache, through a torch call the base torch lacks)."""
+        from vllm.v1.engine import core as core_module
+        cleanup = getattr(core_module, "cleanup_dist_env_and_memory", None)
+        if cleanup is None:
+            self.core.shutdown()
+            return
+        core_module.cleanup_dist_env_and_memory = lambda *args, **kwargs: None
+        try:
+            self.core.shutdown()
+        finally:
+            core_module.cleanup_dist_env_and_memory = cleanup
