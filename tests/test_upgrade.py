@@ -295,6 +295,35 @@ class TestShims:
         assert not ngram.use_eagle_block_drop()
         assert not eagle.uses_dynamic_speculative_decoding()
 
+    def test_the_block_hasher_gets_the_hash_lookahead_where_it_takes_one(self, compat,
+                                                                          monkeypatch):
+        """0.33.0 on: the engine core gives ``get_request_block_hasher`` the config's
+        ``num_hash_lookahead_tokens``; older releases take two arguments."""
+        calls = []
+
+        def later(hash_block_size, caching_hash_fn, num_hash_lookahead_tokens=0):
+            calls.append((hash_block_size, caching_hash_fn, num_hash_lookahead_tokens))
+        monkeypatch.setattr(compat, "get_request_block_hasher", later)
+        vc = types.SimpleNamespace(num_hash_lookahead_tokens=1)
+        compat.request_block_hasher(16, hash, vc)
+        assert calls == [(16, hash, 1)]
+        assert "get_request_block_hasher(num_hash_lookahead_tokens=)" in compat.DETECTED
+
+        def older(block_size, caching_hash_fn):
+            calls.append((block_size, caching_hash_fn))
+        monkeypatch.setattr(compat, "get_request_block_hasher", older)
+        compat.DETECTED.clear()
+        compat.request_block_hasher(16, hash, types.SimpleNamespace())
+        assert calls[-1] == (16, hash) and compat.DETECTED == []
+
+    def test_the_speculative_stand_in_drafts_in_parallel_as_vllm_says(self):
+        """0.33.0's ``VllmConfig`` reads ``parallel_drafting``: vLLM sets it for dflash
+        and dspark only."""
+        from harness.engines.vllm_adapter import SpeculativeStandIn
+        assert not SpeculativeStandIn(2, "eagle").parallel_drafting
+        assert not SpeculativeStandIn(2, "ngram").parallel_drafting
+        assert SpeculativeStandIn(2, "dflash").parallel_drafting
+
     def test_set_aside_requests_seen_in_the_deferred_set(self, compat):
         """0.31.0 on: ``schedule()`` marks each request it passes over in
         ``deferred_waiting``; only the marks made while the hook is on are recorded."""

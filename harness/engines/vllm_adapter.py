@@ -65,8 +65,7 @@ from vllm.lora.request import LoRARequest  # noqa: E402
 from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange  # noqa: E402
 from vllm.pooling_params import PoolingParams  # noqa: E402
 from vllm.sampling_params import SamplingParams, StructuredOutputsParams  # noqa: E402
-from vllm.v1.core.kv_cache_utils import (get_request_block_hasher,  # noqa: E402
-                                         init_none_hash)
+from vllm.v1.core.kv_cache_utils import init_none_hash  # noqa: E402
 from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend  # noqa: E402
 from vllm.v1.core import kv_cache_utils as ku  # noqa: E402
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
@@ -118,6 +117,12 @@ class SpeculativeStandIn:
 
     def use_dflash(self) -> bool:  # read from 0.23.0
         return self.method == "dflash"
+
+    @property
+    def parallel_drafting(self) -> bool:
+        """Read from 0.33.0 (``VllmConfig``'s model runner v2 check): vLLM sets it for
+        dflash and dspark, which draft in parallel; every other method drafts in turn."""
+        return self.method in ("dflash", "dspark")
 
     #: read from 0.24.0: a number of drafts per batch size (none: always num_speculative_tokens)
     num_speculative_tokens_per_batch_size = None
@@ -522,7 +527,8 @@ class VllmEngine:
         if c.enable_prefix_caching:
             hash_fn = compat.hash_fn(self.sched.cache_config.prefix_caching_hash_algo)
             init_none_hash(hash_fn)
-            self.hasher = get_request_block_hasher(c.block_size, hash_fn)
+            self.hasher = compat.request_block_hasher(c.block_size, hash_fn,
+                                                      self.sched.vllm_config)
         self.requests: dict[str, Request] = {}
         self.rows: dict[str, int] = {}
         self.workers = [WorkerTable(c, g.kv_cache_spec.block_size, len(stream.requests))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 
@@ -76,7 +76,7 @@ def _loop(stream: Stream, record: bool, run: BareRun) -> None:
     if c.enable_prefix_caching:
         hash_fn = compat.hash_fn(sched.cache_config.prefix_caching_hash_algo)
         init_none_hash(hash_fn)
-        hasher = get_request_block_hasher(c.block_size, hash_fn)
+        hasher = compat.request_block_hasher(c.block_size, hash_fn, sched.vllm_config)
     adapters = lora_ids(stream)
     pooling = any(r.pooling for r in stream.requests)
     script = {r.id: r for r in stream.requests}

@@ -31,6 +31,8 @@ difference was first seen; ``DETECTED`` lists the ones this vLLM needed.
 | ``vllm.v1.worker.block_table.BlockTable`` | the worker's table | gone (0.34.0): the CPU model runner v2's ``CPUBlockTables`` |
 | ``SpeculativeConfig.speculator_config`` and its shortcuts | not read | read for the lookahead and eagle's block drop (0.34.0): vLLM's config class of the method |
 | ``VllmConfig.num_hash_lookahead_tokens`` | absent | a property (0.33.0 seen), a field resolved once at construction (0.34.0): resolved again after the speculative stand-in is set |
+| ``get_request_block_hasher(num_hash_lookahead_tokens=)`` | absent | a third argument the engine core gives as ``VllmConfig.num_hash_lookahead_tokens`` (0.33.0 seen; 1 for eagle with prefix caching): given the same way, see :func:`request_block_hasher` |
+| ``SpeculativeConfig.parallel_drafting`` | not read | read while ``VllmConfig`` checks the model runner v2 (0.33.0): answered as vLLM sets it, true for dflash and dspark only |
 | ``KVCacheManager.get_computed_blocks`` | (pages, hit tokens) | a third value (0.34.0): the hook reads the first two |
 | requests set aside in ``schedule()`` | a queue made there (``prepend_request``) | plain deques, each request marked in ``Scheduler.deferred_waiting`` first (0.31.0): the marks are recorded |
 | grammar bitmask rows | packed: one per scheduled draft plus one | a block of ``1 + num_spec_tokens`` per request, the first ones written (0.34.0): those are taken; a row left unconstrained is traced with state -1 |
@@ -54,6 +56,7 @@ import numpy as np
 
 from harness.engines import vllm_env  # noqa: F401  (before vLLM is imported)
 from vllm.config import CacheConfig, SchedulerConfig
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import ModelRunnerOutput
 try:
@@ -127,6 +130,18 @@ def after_speculative_config(vllm_config) -> None:
         return
     _note("VllmConfig.num_hash_lookahead_tokens resolved with the speculative config")
     object.__setattr__(vllm_config, "num_hash_lookahead_tokens", resolve())
+
+
+def request_block_hasher(block_size: int, caching_hash_fn, vllm_config):
+    """The request block hasher, built as the engine core builds it: from 0.33.0 (seen)
+    ``get_request_block_hasher`` takes the hash lookahead (the tokens after a block its
+    hash also covers), which the engine core gives as
+    ``vllm_config.num_hash_lookahead_tokens``."""
+    if "num_hash_lookahead_tokens" not in _params(get_request_block_hasher):
+        return get_request_block_hasher(block_size, caching_hash_fn)
+    _note("get_request_block_hasher(num_hash_lookahead_tokens=)")
+    return get_request_block_hasher(block_size, caching_hash_fn,
+                                    vllm_config.num_hash_lookahead_tokens)
 
 
 def async_scheduling_kwargs(on: bool) -> dict[str, Any]:
