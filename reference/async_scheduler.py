@@ -40,7 +40,7 @@ class AsyncScheduler(Scheduler):
         kept, stopped = super()._append_outputs(request, tokens)
         request.num_output_placeholders -= len(kept)
         assert request.num_output_placeholders >= 0
-        if was_running:
+        if was_running and not self.config.has("outputs_update_the_cache_at_once"):
             self.kv.cache_blocks(request,
                                  request.num_computed_tokens - request.num_output_placeholders)
         return kept, stopped

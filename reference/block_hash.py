@@ -34,6 +34,12 @@ class HashInputs:
     # 0.19.0 and later (mm_hash_keys_carry_the_offset): an item's key is its content hash
     # and its offset from the block's start, and an item ending at the block's start is past.
     mm_keys_with_offset: bool = False
+    # 0.31.0 and later (later_hashing_sees_every_item): a later hashing looks from the first
+    # item that has not ended before the block, not from the last item.
+    later_hashing_sees_every_item: bool = False
+    # 0.33.0 and later with an eagle drafter (eagle_hashes_cover_the_next_token): a block's
+    # key also covers this many tokens after it, and the items touching them.
+    lookahead_tokens: int = 0
 
 
 def hash_block(parent: BlockHash | None, tokens: Sequence[int], extra: tuple | None) -> BlockHash:
@@ -83,10 +89,17 @@ def ended_before(item, start: int, with_offset: bool = False) -> bool:
     return start >= end if with_offset else start > end
 
 
-def first_item_to_look_at(items: tuple, start: int) -> int:
+def first_item_to_look_at(items: tuple, start: int, every_item: bool = False,
+                          with_offset: bool = False) -> int:
     """A request's first hashing looks from its first item; a later one (a block filled
-    with outputs) only at its last item (quirks.MM_HASH_ON_BLOCK_AFTER_A_LATER_HASHING)."""
-    return 0 if start == 0 else max(len(items) - 1, 0)
+    with outputs) only at its last item (quirks.MM_HASH_ON_BLOCK_AFTER_A_LATER_HASHING) --
+    from 0.31.0 (``every_item``) from the first item not ended before the block."""
+    if start == 0:
+        return 0
+    if every_item:
+        return next((i for i, it in enumerate(items) if not ended_before(it, start, with_offset)),
+                    len(items))
+    return max(len(items) - 1, 0)
 
 
 def lora_keys(lora_id: int | None) -> tuple:
@@ -103,11 +116,25 @@ def extend_block_hashes(hashes: list[BlockHash], tokens: Sequence[int], block_si
                         inputs: HashInputs) -> None:
     """Append the keys of the blocks that have become full since the last call."""
     start = len(hashes) * block_size
-    item = first_item_to_look_at(inputs.encoder_inputs, start)
-    while start + block_size <= len(tokens):
+    item = first_item_to_look_at(inputs.encoder_inputs, start,
+                                 inputs.later_hashing_sees_every_item, inputs.mm_keys_with_offset)
+    ahead = inputs.lookahead_tokens
+    while start + block_size + ahead <= len(tokens):
         parent = hashes[-1] if hashes else None
-        mm, item = mm_keys(inputs.encoder_inputs, start, start + block_size, item,
+        end = start + block_size
+        mm, item = mm_keys(inputs.encoder_inputs, start, end + ahead, item,
                            inputs.mm_keys_with_offset)
-        hashes.append(hash_block(parent, tokens[start:start + block_size],
-                                 extra_keys(inputs, start, mm)))
-        start += block_size
+        extra = extra_keys(inputs, start, mm)
+        if ahead:
+            extra = (extra, tuple(tokens[end:end + ahead]))
+            item = back_to_items_past(inputs.encoder_inputs, item, end)
+        hashes.append(hash_block(parent, tokens[start:end], extra))
+        start = end
+
+
+def back_to_items_past(items: tuple, item: int, end: int) -> int:
+    """A block hashed with tokens after it may have looked past items the next block
+    touches too: the next block looks again from the first of them."""
+    while item > 0 and items[item - 1].offset + items[item - 1].length > end:
+        item -= 1
+    return item

@@ -190,10 +190,18 @@ class BlockPool:
         for block in ordered:
             block.ref_cnt -= 1
         freed = [b for b in ordered if b.ref_cnt == 0 and not b.is_null]
-        if uncached_first or self.has("every_uncached_page_reused_first"):
+        if self.reuses_uncached_first(uncached_first):
             self.free_queue.prepend_n(b for b in freed if b.block_hash is None)
             freed = [b for b in freed if b.block_hash is not None]
         self.free_queue.append_n(freed)
+
+    def reuses_uncached_first(self, uncached_first: bool) -> bool:
+        """Whether freed pages holding no cached prefix go to the head of the free queue.
+        In 0.27.x (no_caching_frees_to_the_tail) not without prefix caching: every page
+        freed then joins the tail, in order; 0.28.0 sends them to the head again."""
+        if not self.enable_caching and self.has("no_caching_frees_to_the_tail"):
+            return False
+        return uncached_first or self.has("every_uncached_page_reused_first")
 
     def can_reset_prefix_cache(self) -> bool:
         """Only when no request holds a page: the null page is the only one not free."""

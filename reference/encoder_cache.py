@@ -192,12 +192,16 @@ class EncoderCacheManager:
         for input_id in self.get_cached_input_ids(request).copy():
             self.free_encoder_input(request, input_id)
 
-    def get_freed_mm_hashes(self) -> list[str]:
+    def get_freed_mm_hashes(self, skip_cached_again: bool = False) -> list[str]:
         """The hashes evicted since the last call, in eviction order; forgets them.
 
-        A hash evicted twice (cached again in between) is listed twice.
+        A hash evicted twice (cached again in between) is listed twice.  With
+        ``skip_cached_again`` (from 0.28.0: rule change recached_outputs_not_freed) a hash
+        cached again since it was evicted is left out: the worker keeps its output.
         """
         freed, self.freed = self.freed, []
+        if skip_cached_again:
+            freed = [h for h in freed if h not in self.holders]
         return freed
 
     # -- checking ------------------------------------------------------------------

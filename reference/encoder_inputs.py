@@ -38,15 +38,19 @@ def already_in_kv(item: EncoderInput, num_computed_tokens: int) -> bool:
     return item.end <= num_computed_tokens
 
 
-def cut_to_whole_item(item: EncoderInput, num_computed_tokens: int, range_end: int) -> bool:
+def cut_to_whole_item(item: EncoderInput, num_computed_tokens: int, range_end: int,
+                      from_its_start: bool = False) -> bool:
     """With chunked multimodal input off: the range would stop inside a placeholder
     it enters from before.
 
     A placeholder the request is already inside of (prefix hit, or a cache hit
     chunked earlier) is not protected: the test needs the range to start
-    strictly before the placeholder.
+    strictly before the placeholder -- from 0.33.0 (``from_its_start``, rule change
+    ``encoder_cuts_at_the_item``) at or before it.
     """
-    return num_computed_tokens < item.offset and range_end < item.end
+    starts_before = num_computed_tokens <= item.offset if from_its_start \
+        else num_computed_tokens < item.offset
+    return starts_before and range_end < item.end
 
 
 def tokens_before(item: EncoderInput, num_computed_tokens: int) -> int:
@@ -71,6 +75,7 @@ def try_schedule_encoder_inputs(
     lookahead: int = 0,
     encode_ahead: bool = True,
     whole_item_lookahead: int = 0,
+    cut_at_item: bool = False,
 ) -> tuple[list[int], int, int]:
     """The items to encode this step, the tokens still granted, the budget left.
 
@@ -88,13 +93,17 @@ def try_schedule_encoder_inputs(
     target model, so an item starting just after the range is needed now, and
     an item that cannot run cuts the grant that many tokens earlier.  The
     whole-item check of ``disable_chunked_mm_input`` still looks at the range
-    itself.  Without ``encode_ahead`` (from 0.13.0: rule change
+    itself.  Without ``encode_ahead`` (0.13.0 to 0.27.1: rule change
     ``eagle_lookahead_item_waits``) such an item is looked up and must fit, but
     is encoded only once the range itself reaches it.  ``whole_item_lookahead``
     (from 0.17.0, the drafter's one token: rule change
     ``eagle_whole_item_cut_one_token_earlier``) moves the whole-item cut of
     ``disable_chunked_mm_input`` that many tokens earlier too, to nothing at the least,
     so the drafter's read past the range stays before the placeholder.
+    ``cut_at_item`` (from 0.33.0: rule change ``encoder_cuts_at_the_item``): an item
+    that cannot run cuts the grant right before its placeholder, not ``lookahead``
+    tokens earlier, and never lengthens it; and the whole-item cut also protects a
+    placeholder the range starts at.
     """
     items = request.encoder_inputs
     if num_new_tokens == 0 or not items:
@@ -117,12 +126,16 @@ def try_schedule_encoder_inputs(
                 continue  # the same content is encoded once per step
             if cache.check_and_update_cache(request, i):
                 continue
-        if disable_chunked_mm_input and cut_to_whole_item(item, num_computed_tokens, range_end):
+        if disable_chunked_mm_input and cut_to_whole_item(item, num_computed_tokens, range_end,
+                                                          cut_at_item):
             num_new_tokens = tokens_before(item, num_computed_tokens + whole_item_lookahead)
             break
         if not cache.can_allocate(request, i, encoder_compute_budget, room_to_take):
             # No budget or no room: the encoder runs an item whole or not at all.
-            num_new_tokens = tokens_before(item, num_computed_tokens + lookahead)
+            if cut_at_item:
+                num_new_tokens = min(num_new_tokens, tokens_before(item, num_computed_tokens))
+            else:
+                num_new_tokens = tokens_before(item, num_computed_tokens + lookahead)
             break
         if not encode_ahead and starts_after_range(item, range_end):
             continue  # no placeholder position of it is computed this step

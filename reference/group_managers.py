@@ -53,7 +53,8 @@ class GroupManager:
     # -- how many pages ------------------------------------------------------------
 
     def pages_to_allocate(self, request_id: str, num_tokens: int, hit: list[Block],
-                          num_computed_tokens: int = 0) -> int:
+                          num_computed_tokens: int = 0,
+                          admission: tuple[int, int] | None = None) -> int:
         """Pages to take from the free queue for ``num_tokens`` slots in all.
 
         Up to 0.13.0 the count may be negative (a table can be longer than needed
@@ -62,9 +63,14 @@ class GroupManager:
         the free queue too.  From 0.14.0 (window_hits_skipped_at_admission) a group
         never counts below zero, and a new request's hit pages that lie before the
         window of its ``num_computed_tokens`` (hit and loaded) are neither needed nor
-        taken.
+        taken.  ``admission`` (tokens in flight, max_model_len), given by the
+        whole-sequence admission test from 0.20.2 (window_admission_capped), caps a window
+        group's need at the pages one request can hold at once (:meth:`admission_cap`).
         """
         needed = cdiv(self.slots_needed(num_tokens), self.block_size)
+        if admission is not None:
+            cap = self.admission_cap(*admission)
+            needed = needed if cap is None else min(needed, cap)
         table = self.table(request_id)
         if not self.has("window_hits_skipped_at_admission"):
             return needed - len(hit) - len(table) + self.free_hit_pages(hit)
@@ -77,6 +83,12 @@ class GroupManager:
     def num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Leading tokens the next token no longer attends to: none for full attention."""
         return 0
+
+    def admission_cap(self, tokens_in_flight: int, max_model_len: int) -> int | None:
+        """The most pages a request holds at once in this group while ``tokens_in_flight``
+        tokens are being computed (never more than ``max_model_len`` tokens); None: no
+        cap (a group that gives no pages back)."""
+        return None
 
     def slots_needed(self, num_tokens: int) -> int:
         return num_tokens
@@ -121,8 +133,10 @@ class GroupManager:
         return new_blocks
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        """Index the request's pages that ``num_tokens`` fill completely."""
-        num_full = num_tokens // self.block_size
+        """Index the request's pages that ``num_tokens`` fill completely, as far as the
+        request's keys reach (from 0.33.0 an eagle request's last full page may wait for
+        the token after it: eagle_hashes_cover_the_next_token)."""
+        num_full = min(num_tokens, hashed_tokens(request)) // self.block_size
         self.pool.cache_full_blocks(request.block_hashes, self.table(request.request_id),
                                     self.num_cached_block[request.request_id], num_full,
                                     self.group_id, request, self.block_size,
@@ -206,6 +220,12 @@ class FullAttentionManager(GroupManager):
 class SlidingWindowManager(GroupManager):
     """A token attends to the ``sliding_window`` tokens ending at it."""
 
+    def admission_cap(self, tokens_in_flight: int, max_model_len: int) -> int | None:
+        """The window's earlier tokens and those in flight, one page more for a window
+        that does not start on a page boundary."""
+        tokens = min(self.spec.sliding_window - 1 + tokens_in_flight, max_model_len)
+        return cdiv(tokens, self.block_size) + 1
+
     @classmethod
     def find_longest_cache_hit(cls, block_hashes, max_length, group_ids, pool, spec, use_eagle):
         """The rightmost run of cached pages long enough to fill the window; nulls before it.
@@ -272,6 +292,11 @@ def window_pages(spec: KVCacheSpec) -> int:
 class ChunkedLocalAttentionManager(GroupManager):
     """A token attends only to the tokens of its chunk of ``attention_chunk_size``."""
 
+    def admission_cap(self, tokens_in_flight: int, max_model_len: int) -> int | None:
+        """A chunk and the tokens in flight."""
+        tokens = min(self.spec.attention_chunk_size + tokens_in_flight, max_model_len)
+        return cdiv(tokens, self.block_size)
+
     @classmethod
     def find_longest_cache_hit(cls, block_hashes, max_length, group_ids, pool, spec, use_eagle):
         """Null pages up to the chunk of the next token, then its cached pages in that chunk.
@@ -333,3 +358,8 @@ MANAGERS: dict[str, type[GroupManager]] = {
 def manager_for(spec: KVCacheSpec, pool: BlockPool, group_id: int,
                 has: HasRule = only_0_11_0) -> GroupManager:
     return MANAGERS[spec.kind](spec, pool, group_id, has)
+
+
+def hashed_tokens(request: Request) -> int:
+    """The tokens the request's block keys cover."""
+    return len(request.block_hashes) * (request.hash_block_size or 0)

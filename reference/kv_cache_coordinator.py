@@ -32,6 +32,7 @@ class KVCacheCoordinator:
         self.specs = specs
         self.pool = pool
         self.use_eagle = use_eagle
+        self.has = has
         self.managers = tuple(manager_for(spec, pool, i, has) for i, spec in enumerate(specs))
         for m in self.managers:
             m.use_eagle = use_eagle
@@ -49,9 +50,11 @@ class KVCacheCoordinator:
     # -- every group in turn ----------------------------------------------------------
 
     def pages_to_allocate(self, request_id: str, num_tokens: int, hits: PerGroup,
-                          num_computed_tokens: int = 0) -> int:
+                          num_computed_tokens: int = 0,
+                          admission: tuple[int, int] | None = None) -> int:
         """The groups' counts added up (negative ones included, up to 0.13.0)."""
-        return sum(m.pages_to_allocate(request_id, num_tokens, hit, num_computed_tokens)
+        return sum(m.pages_to_allocate(request_id, num_tokens, hit, num_computed_tokens,
+                                       admission)
                    for m, hit in zip(self.managers, hits))
 
     def save_hits(self, request_id: str, hits: PerGroup, num_computed_tokens: int = 0) -> None:
@@ -91,15 +94,36 @@ class KVCacheCoordinator:
 
     def hybrid_hit(self, block_hashes: list[BlockHash], max_length: int) -> tuple[PerGroup, int]:
         """Full attention first; then the other type, inside the full hit; then the full
-        hit is cut to the other's length, so that both cover the same tokens."""
+        hit is cut to the other's length, so that both cover the same tokens.
+
+        0.14.0 and 0.15.x (``hybrid_hit_searched_until_groups_agree``) search again, in
+        rounds, until a round shortens nothing: the full hit is only cut, the other type
+        is searched again inside the hit so far.  Without an eagle drafter the second
+        search finds the same hit.  With one, every search gives up its last page again,
+        so the hit shrinks a page a round, mostly to nothing.
+
+        From 0.20.0 (``hybrid_eagle_drop_once_per_group``), with an eagle drafter, the
+        other type looks one of its pages past the full hit (never past ``max_length``)
+        before it gives up its own last page, so the two types lose one page between
+        them instead of one each.  vLLM applies this to the groups it marks as the
+        drafter's; the harness marks none, and then vLLM counts every group as one.
+        """
         full = self.managers[self.full_ids[0]]
         other = self.managers[self.other_ids[0]]
         full_hits = full.find_longest_cache_hit(block_hashes, max_length, self.full_ids,
                                                 self.pool, full.spec, self.use_eagle)
         hit_length = len(full_hits[0]) * full.block_size
+        if self.use_eagle and self.has("hybrid_eagle_drop_once_per_group"):
+            hit_length = min(hit_length + other.block_size, max_length)
         other_hits = other.find_longest_cache_hit(block_hashes, hit_length, self.other_ids,
                                                   self.pool, other.spec, self.use_eagle)
         hit_length = len(other_hits[0]) * other.block_size
+        bound = max_length
+        while self.has("hybrid_hit_searched_until_groups_agree") and hit_length < bound:
+            bound = hit_length
+            other_hits = other.find_longest_cache_hit(block_hashes, bound, self.other_ids,
+                                                      self.pool, other.spec, self.use_eagle)
+            hit_length = len(other_hits[0]) * other.block_size
         for hit in full_hits:
             del hit[hit_length // full.block_size:]
         return merge_in_group_order(self.full_ids, full_hits, self.other_ids, other_hits), hit_length

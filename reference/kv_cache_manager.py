@@ -31,6 +31,13 @@ class KVCacheManager:
         ``has``: which rule changes of a later release apply (default: none, 0.11.0);
         ``enable_kv_cache_events``: the pool queues KV cache events (reference.kv_events)."""
         self.groups = groups or (full(block_size),)
+        if has("lone_group_must_divide_block_size") and len(self.groups) == 1 \
+                and block_size % self.groups[0].block_size:
+            # From 0.23.0 the coordinator asserts that every group's page divides the
+            # scheduler's block size, which is the cache block size for a single group: a
+            # lone Mamba group (pages of max_model_len tokens) fails the start-up.
+            raise AssertionError(f"a lone group of {self.groups[0].block_size}-token pages "
+                                 f"does not divide the block size {block_size}")
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
         self.emit = emit
@@ -42,6 +49,8 @@ class KVCacheManager:
                                               has)
         self.has = has
         self.prefix_cache_stats = PrefixCacheStats()
+        # Tokens scheduled and not yet applied at most (see admission_bound).
+        self.tokens_in_flight = 0
 
     # -- prefix lookup -----------------------------------------------------------
 
@@ -52,8 +61,8 @@ class KVCacheManager:
         else:
             hits, num_hit = self.coordinator.lookup(request.block_hashes,
                                                     self.max_hit_tokens(request))
-            self.prefix_cache_stats.observe(request.num_tokens, num_hit,
-                                            preempted=self.counts_apart(request))
+            if not self.counts_at_admission():
+                self.count_lookup(request, num_hit)
         self.emit(events.PrefixLookup(request.request_id, num_hit))
         return hits, num_hit
 
@@ -72,13 +81,14 @@ class KVCacheManager:
                        new_computed_blocks: PerGroup | None = None,
                        num_lookahead_tokens: int = 0,
                        delay_caching: bool = False,
-                       num_external_tokens: int = 0) -> PerGroup | None:
+                       num_external_tokens: int = 0,
+                       reserved_blocks: int = 0) -> PerGroup | None:
         """Give the request pages for its new tokens (per group); None when the pool is short.
 
         First the pages that fell out of a window are given back.  Slots are
         then needed for the computed tokens, the prefix hit, the new tokens and
         the lookahead, capped at ``max_model_len``; the groups' page counts are
-        added up and compared with the free queue.  On success, pages that
+        added up and compared with the free queue, less ``reserved_blocks``.  On success, pages that
         became full are cached, up to the request's real tokens (never its drafts) --
         unless ``delay_caching``: a KV connector fills them later (``cache_blocks``).
         """
@@ -86,12 +96,12 @@ class KVCacheManager:
             raise ValueError("num_new_tokens must be greater than 0")
         hits = new_computed_blocks or self.coordinator.empty()
         rid = request.request_id
-        self.coordinator.remove_skipped_blocks(rid, request.num_computed_tokens)
+        self.coordinator.remove_skipped_blocks(rid, self.processed_tokens(request))
         num_computed = request.num_computed_tokens + num_new_computed_tokens
         num_slots = min(num_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
         with_loaded = num_computed + num_external_tokens  # ``num_new_tokens`` holds the loaded ones
         if self.coordinator.pages_to_allocate(rid, num_slots, hits, with_loaded) \
-                > self.pool.num_free_blocks():
+                > self.pool.num_free_blocks() - reserved_blocks:
             return None
         if self.enable_caching and not self.has("window_hits_skipped_at_admission"):
             self.pool.touch(block for hit in hits for block in hit)
@@ -110,8 +120,24 @@ class KVCacheManager:
         num_tokens = min(request.num_tokens, self.max_model_len)
         needed = self.coordinator.pages_to_allocate(
             request.request_id, num_tokens, hits or self.coordinator.empty(),
-            min(num_computed_tokens, self.max_model_len))
+            min(num_computed_tokens, self.max_model_len), self.admission_bound())
         return needed <= self.pool.num_free_blocks()
+
+    def admission_bound(self) -> tuple[int, int] | None:
+        """(tokens in flight, max_model_len) when a whole-sequence count caps the window
+        groups (from 0.20.2, window_admission_capped), else None.  The scheduler sets
+        ``tokens_in_flight``: a step's budget, from 0.26.0 times the batches in flight."""
+        if not self.has("window_admission_capped"):
+            return None
+        return self.tokens_in_flight, self.max_model_len
+
+    def pages_still_needed(self, request: Request) -> int:
+        """Pages the request must still be given to hold all its tokens (capped at
+        ``max_model_len``), beyond those it holds."""
+        num_tokens = min(request.num_tokens, self.max_model_len)
+        return self.coordinator.pages_to_allocate(
+            request.request_id, num_tokens, self.coordinator.empty(),
+            min(request.num_computed_tokens, self.max_model_len), self.admission_bound())
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Cache the request's pages that ``num_computed_tokens`` fill (a finished load)."""
@@ -127,6 +153,16 @@ class KVCacheManager:
     def remove_skipped_blocks(self, request: Request, num_tokens: int) -> None:
         """Give back the pages out of every group's window for ``num_tokens`` tokens."""
         self.coordinator.remove_skipped_blocks(request.request_id, num_tokens)
+
+    def processed_tokens(self, request: Request, num_tokens: int | None = None) -> int:
+        """The computed tokens (or ``num_tokens``) whose window decides which pages a
+        window group gives back.  From 0.26.0 (window_frees_wait_for_outputs) those of
+        batches whose output is not applied yet (async scheduling, pipeline stages) do
+        not count: their steps may still read the pages."""
+        num_tokens = request.num_computed_tokens if num_tokens is None else num_tokens
+        if self.has("window_frees_wait_for_outputs"):
+            return max(0, num_tokens - request.num_in_flight_tokens)
+        return num_tokens
 
     def get_block_ids(self, request_id: str) -> list[list[int]]:
         """The request's whole block tables, one list per group (null pages as 0)."""
@@ -144,6 +180,22 @@ class KVCacheManager:
         """From 0.11.1 (prefix_stats_split_preempted) the lookups of a request that was
         preempted before are counted apart from those of new requests."""
         return self.has("prefix_stats_split_preempted") and request.num_preemptions > 0
+
+    def counts_at_admission(self) -> bool:
+        """When a prefix lookup is counted.  Up to 0.26.0 when it is made, so a waiting
+        request looked up at every step until it is admitted (or set aside, or refused
+        pages) counts every time.  From 0.27.0 (prefix_stats_counted_at_admission) only the
+        lookup of the step whose allocation succeeds is counted, once."""
+        return self.has("prefix_stats_counted_at_admission")
+
+    def count_lookup(self, request: Request, num_hit: int) -> None:
+        self.prefix_cache_stats.observe(request.num_tokens, num_hit,
+                                        preempted=self.counts_apart(request))
+
+    def lookup_admitted(self, request: Request, num_hit: int) -> None:
+        """The scheduler allocated the pages of a request it looked up this step."""
+        if self.counts_at_admission() and not self.skips_prefix_cache(request):
+            self.count_lookup(request, num_hit)
 
     def take_prefix_cache_stats(self) -> PrefixCacheStats:
         """The lookups since the last report; counting starts again from zero."""

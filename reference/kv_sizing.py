@@ -178,13 +178,17 @@ def kv_cache_tensor_shape(num_blocks: int, block_size: int, num_kv_heads: int,
 
 
 def flash_attention_shape(num_blocks: int, block_size: int, num_kv_heads: int,
-                          head_size: int, pages_first: bool = False
-                          ) -> tuple[int, int, int, int, int] | None:
+                          head_size: int, pages_first: bool = False,
+                          kv_in_last_dim: bool = False) -> tuple[int, ...] | None:
     """The flash-attention backend's KV tensor shape of one layer, or None for a block
     size it refuses (not a multiple of 16).  From 0.23.0 (kv_pages_first_in_tensor) the
-    pages come before K/V."""
+    pages come before K/V.  From 0.26.0 (kv_packed_in_last_dim) there is no K/V axis:
+    a page holds its KV heads, each head its tokens, and each token its key then its
+    value side by side, four axes in all; the bytes are the same."""
     if block_size % 16:
         return None
+    if kv_in_last_dim:
+        return (num_blocks, num_kv_heads, block_size, 2 * head_size)
     k_v, pages, *rest = kv_cache_tensor_shape(num_blocks, block_size, num_kv_heads, head_size)
     return (pages, k_v, *rest) if pages_first else (k_v, pages, *rest)
 

@@ -45,8 +45,9 @@ LORA_SLOTS_OVERFILLED_AFTER_A_SKIP
     admitted into it.  When the skipped request runs again, the step's running
     requests hold more than ``max_loras`` adapters and vLLM's step fails its
     assertion: the engine raises ``AssertionError`` (seen on 0.11.0 to 0.13.0
-    and 0.18.1; the check is still in 0.33.0).  The reference raises at the
-    same step.
+    and 0.18.1).  The reference raises at the same step.  Gone in 0.33.0
+    (releases: lora_slots_held_by_every_running_request): every running
+    request's adapter holds a slot, so the check cannot fail.
     Bundled stream: lora_slots_overfilled_after_a_skip.
     Code: lora.AdapterSlots.check_not_overfilled.
 
@@ -86,7 +87,9 @@ MM_HASH_ON_BLOCK_AFTER_A_LATER_HASHING
     that block gets the image's hash if outputs complete it, but not if a longer
     prompt completes it at once: the same tokens and images give two keys, and
     the longer prompt misses the prefix hit.  And a block completed later that
-    holds two placeholders gets only the last one's hash.
+    holds two placeholders gets only the last one's hash.  Gone in two halves:
+    0.19.0 (mm_hash_keys_carry_the_offset) passes over an item ending at the
+    block's start, 0.31.0 (later_hashing_sees_every_item) looks at every item.
     Code: block_hash.mm_keys, block_hash.first_item_to_look_at.
 
 ABORTED_LOAD_REPORTED_TWICE (in releases.aborted_load_keeps_pages_until_done; its mutant takes it away)

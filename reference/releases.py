@@ -27,7 +27,8 @@ from typing import Callable
 RELEASES = ("0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0", "0.14.0", "0.14.1", "0.15.0",
             "0.15.1", "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0", "0.19.1",
             "0.20.0", "0.20.1", "0.20.2", "0.21.0", "0.22.0", "0.22.1", "0.23.0", "0.24.0",
-            "0.25.0", "0.25.1")
+            "0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0",
+            "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0")
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,10 @@ CHANGES: tuple[RuleChange, ...] = (
         "after the granted range) is still looked up in the encoder cache and must fit "
         "the encoder budget and cache, but it is encoded only once the range reaches it: "
         "the scheduler now encodes an item only when the range holds some of its "
-        "embeddings."),
+        "embeddings.  Undone in 0.28.0 (#51603): the range whose embeddings decide is the "
+        "granted range plus the drafter's look-ahead again, so such an item is encoded at "
+        "once, as in 0.12.0.  Found by the 0.29.0 check of mm_eagle_reads_one_token_ahead.",
+        until="0.28.0"),
     RuleChange(
         "abort_skips_finished_requests", "0.11.1", "",
         "An abort of a request that has finished but is still known to the scheduler "
@@ -177,6 +181,22 @@ CHANGES: tuple[RuleChange, ...] = (
         "them held by it until it was admitted or finished.  Found by the 5,000-stream "
         "0.19.0 upgrade check."),
     RuleChange(
+        "hybrid_hit_searched_until_groups_agree", "0.14.0", "#31707",
+        "Prefix caching over a full-attention group and another type: after the full "
+        "hit and the other type's hit inside it, the other type is searched again inside "
+        "the hit so far until a search shortens nothing.  With an eagle drafter every "
+        "search drops its last page again, so the hit shrinks page by page, mostly to "
+        "nothing (vLLM issue #32802).  0.16.0 searches once again for this pair of types.",
+        until="0.16.0"),
+    RuleChange(
+        "hybrid_eagle_drop_once_per_group", "0.20.0", "#40860",
+        "Prefix caching over a full-attention group and another type with an eagle "
+        "drafter: the other type's search reaches one of its pages past the full hit "
+        "(capped at the longest hit allowed) before it drops its last page, so the hit "
+        "loses one page to eagle, not one per type (vLLM issue #32802).  vLLM drops only "
+        "for the groups marked as the drafter's, and for every group when none is "
+        "marked, as with the harness's groups."),
+    RuleChange(
         "aborted_load_keeps_pages_until_done", "0.16.0", "#32255",
         "A request aborted while its asynchronous KV load runs (not yet reported done) "
         "keeps its pages until the worker reports the load done; they are freed then, after "
@@ -204,7 +224,9 @@ CHANGES: tuple[RuleChange, ...] = (
         "that cannot run yet (grammar not ready) wait in a second queue "
         "(skipped_waiting) instead of going back to the head of the waiting queue.  Under "
         "fcfs that queue is served first; under priority the better of the two heads is "
-        "taken.  So a request preempted after others were set aside now comes after them."),
+        "taken.  So a request preempted after others were set aside now comes after them.  "
+        "Undone in 0.31.0, where only requests holding pages wait apart "
+        "(page_holders_wait_first).", until="0.31.0"),
     RuleChange(
         "async_load_counts_tokens_at_once", "0.18.0", "",
         "A request whose KV cache loads asynchronously counts its hit and loaded tokens as "
@@ -225,6 +247,15 @@ CHANGES: tuple[RuleChange, ...] = (
         "block's start, and an item that ends exactly where a block starts no longer touches "
         "that block (half of quirks.MM_HASH_ON_BLOCK_AFTER_A_LATER_HASHING is gone; a later "
         "hashing still looks at the last item only)."),
+    RuleChange(
+        "window_admission_capped", "0.20.2", "",
+        "The whole-sequence admission test (admission_reserves_whole_sequence) counts a "
+        "sliding-window or chunked-local group's pages up to the most one request can hold "
+        "at once: its window's earlier tokens (sliding_window - 1) plus a step's budget, "
+        "one page more, or a chunk plus a step's budget, never more than max_model_len's "
+        "pages.  The same count is used for the pages a prefill under way still needs "
+        "(async_load_leaves_room_for_prefills).  Found by the 0.26.0 campaign (seed 1); "
+        "0.20.1's scheduler has no cap, 0.20.2's has it."),
     RuleChange(
         "waiting_stats_count_set_aside_apart", "0.20.0", "",
         "Scheduler stats: num_waiting_reqs counts the waiting queue only; the requests "
@@ -260,11 +291,187 @@ CHANGES: tuple[RuleChange, ...] = (
         "(num_blocks, 2, block_size, heads, head size); 0.11.0 put K/V first.  The pool's "
         "pages and bytes are unchanged."),
     RuleChange(
+        "async_load_leaves_room_for_prefills", "0.23.0", "#44560",
+        "A request whose KV cache would load asynchronously is admitted only if its pages fit "
+        "in the free pages less those the prefills under way still need for their whole "
+        "sequence (capped at max_model_len): the requests admitted and left mid-prefill and "
+        "the other asynchronous loads not yet admitted again.  Otherwise the waiting part of "
+        "the step ends, as when pages are short.  Found by the 0.26.0 campaign (seed 1); "
+        "0.22.1's scheduler has no such reservation, 0.23.0's has it."),
+    RuleChange(
+        "lone_group_must_divide_block_size", "0.23.0", "",
+        "At start-up the KV cache coordinator asserts that the scheduler's block size (the "
+        "cache block size for one group, the least common multiple of the groups' page "
+        "sizes for several) is a multiple of every group's page size: a lone Mamba group, "
+        "whose page holds max_model_len tokens, makes the engine raise AssertionError.  "
+        "Found by the 0.26.0 campaign (seed 1); 0.22.1's coordinator has no such check."),
+    RuleChange(
         "every_uncached_page_reused_first", "0.24.0", "",
         "Every page given back (a finished or preempted request's, of any group) goes to "
         "the head of the free queue when it holds no cached prefix, in the order given, so "
         "it is reused before any cached page is evicted; cached pages join the tail as "
         "before.  0.23.0 did this for sliding-window, chunked-local and Mamba pages only."),
+    RuleChange(
+        "new_decode_padded_with_drafts", "0.25.0", "#45237",
+        "With drafting on (num_speculative_tokens > 0), a waiting request with one token "
+        "left to compute, met while every running request scheduled in the step decodes (at "
+        "least one is scheduled, none was left mid-prefill by its last grant), is granted "
+        "1 + num_speculative_tokens positions, the extra ones placeholder drafts (-1) that "
+        "the model rejects; if the padded grant exceeds the step's budget or max_model_len, "
+        "the waiting part of the step ends.  Found by the 0.26.0 campaign (seed 1); 0.24.0's "
+        "scheduler has no such padding, 0.25.0's has it."),
+    RuleChange(
+        "connector_finish_sees_computed_pages", "0.25.0", "#46694",
+        "The block ids a KV connector is handed when a request finishes (request_finished) "
+        "stop at the pages holding its computed tokens: pages allocated only for the "
+        "lookahead (an eagle drafter's slots) are left out.  Found by the 0.26.0 campaign "
+        "(seed 1); 0.24.0's scheduler hands the whole table, 0.25.0's the computed pages."),
+    RuleChange(
+        "decode_padding_leaves_room_to_sample", "0.29.0", "",
+        "The padding of new_decode_padded_with_drafts is applied only when max_model_len "
+        "also leaves room for the token sampled after it; otherwise the request is granted "
+        "its one token unpadded, and only a padded grant over the budget ends the waiting "
+        "part of the step."),
+    RuleChange(
+        "window_cap_counts_batches_in_flight", "0.26.0", "",
+        "The cap of window_admission_capped counts the budget of every batch in flight, not "
+        "one step's: twice the budget under async scheduling, the pipeline stages' number "
+        "of times with pipeline parallelism (vLLM's max_in_flight_tokens)."),
+    RuleChange(
+        "window_frees_wait_for_outputs", "0.26.0", "",
+        "A sliding-window or chunked-local group gives back the pages out of the window of "
+        "the tokens whose output is applied: tokens of batches still in flight (async "
+        "scheduling, pipeline stages) do not count, as they may still read the pages.  This "
+        "holds for the pages given back before an allocation and before the KV connector "
+        "hears of a finish."),
+    RuleChange(
+        "kv_packed_in_last_dim", "0.26.0", "#44455",
+        "KV sizing: the flash-attention backend's per-layer KV tensor has no K/V axis any "
+        "more; K and V of a token sit side by side in the last axis and the KV heads come "
+        "before the tokens: (num_blocks, heads, block_size, 2 x head size).  The pool's "
+        "pages and bytes are unchanged.  Found by the 0.26.0 upgrade check "
+        "(kv_pool_from_memory)."),
+    RuleChange(
+        "passed_over_victim_keeps_the_pass", "0.28.0", "#49206",
+        "Under the priority policy, a preemption victim that the pass over the running "
+        "requests had already passed over in the same step without scheduling it (its "
+        "tokens in flight, no encoder budget, ...) steps the pass back one place when it "
+        "leaves the running list, so the request right after the current one is still "
+        "visited; up to 0.27.1 only a victim scheduled earlier in the step did (vLLM issue "
+        "#49097, docs/findings.md)."),
+    RuleChange(
+        "recached_outputs_not_freed", "0.28.0", "",
+        "The encoder-cache hashes the worker is told to free leave out those cached again "
+        "since they were evicted (an item evicted early in a step and encoded again later "
+        "in it): the worker keeps that output."),
+    RuleChange(
+        "no_caching_frees_to_the_tail", "0.27.0", "#48017",
+        "With prefix caching off, every page given back joins the tail of the free queue in "
+        "the order given (every_uncached_page_reused_first and its 0.23.0 forerunner put "
+        "them at the head), so freed pages are reused last.  0.28.0 (#51482) puts them at "
+        "the head again.", until="0.28.0"),
+    RuleChange(
+        "prefix_stats_counted_at_admission", "0.27.0", "#48860",
+        "Scheduler stats: a waiting request's prefix-cache lookup is counted (requests, "
+        "queries, hits, or their preempted_ counterparts) only in the step whose page "
+        "allocation admits it (or starts its asynchronous load), once; a lookup of a "
+        "request then set aside, refused pages or cut to nothing is not counted, so a "
+        "request tried at several steps no longer counts at each.  Found by the 0.29.0 "
+        "check of aborted_load_keeps_pages_until_done."),
+    RuleChange(
+        "padding_without_running_requests", "0.30.0", "#55126",
+        "The padding of new_decode_padded_with_drafts no longer needs a running request "
+        "scheduled in the step when the waiting request has tokens computed already (a "
+        "prefix hit, a load, a resumed request); one with nothing computed still needs one "
+        "(none may be left mid-prefill, as before).  Found by "
+        "the 0.30.0 check of loaded_preempted_request_resumes and "
+        "real_azure_conv_priority_drafts."),
+    RuleChange(
+        "threshold_lifted_for_a_lone_request", "0.31.0", "#57951",
+        "The long-prefill token threshold caps nothing in a step that starts with a single "
+        "unfinished request (running or waiting): there is no other request to hold back.  "
+        "Found by the 0.31.0 check (long_prefill_threshold and five other streams)."),
+    RuleChange(
+        "external_hit_ignored_without_prefix_reads", "0.31.0", "",
+        "A request that reads no prefix cache (prompt logprobs) still asks the KV "
+        "connector, but its answer is taken as nothing to load: no external tokens, no "
+        "asynchronous load, and no waiting when the connector cannot tell yet.  Found by "
+        "the 0.31.0 check of aborted_load_keeps_pages_until_done."),
+    RuleChange(
+        "later_hashing_sees_every_item", "0.31.0", "",
+        "A later hashing of a request's blocks (blocks completed by outputs) looks at every "
+        "multimodal item the block touches, from the first one not ended before it, as the "
+        "first hashing does; quirks.MM_HASH_ON_BLOCK_AFTER_A_LATER_HASHING is gone.  Found "
+        "by the 0.31.0 check of mm_later_hashing_sees_last_item_only."),
+    RuleChange(
+        "page_holders_wait_first", "0.31.0", "",
+        "The set-aside queue of 0.18.0 is gone: requests set aside go back to the head of "
+        "the waiting queue in the order set aside, and a new request whose grammar is not "
+        "ready waits there in arrival order.  Only waiting requests that hold pages (tokens "
+        "computed, or an asynchronous load) wait apart, in a queue served before the "
+        "waiting queue under either policy.  Stats: a request set aside (or arrived "
+        "waiting for its grammar) counts in num_skipped_waiting_reqs, not "
+        "num_waiting_reqs, until it is admitted, wherever it waits.  Found by the 0.31.0 "
+        "check of grammar_waiting_request_served_first."),
+    RuleChange(
+        "lora_slots_held_by_every_running_request", "0.33.0", "",
+        "The step's LoRA slots are taken by the adapters of every running request, also "
+        "one that gets no token this step, so a waiting request under another adapter "
+        "cannot slip into a slot that a skipped running request still needs; "
+        "quirks.LORA_SLOTS_OVERFILLED_AFTER_A_SKIP is gone.  Found by the 0.33.0 check of "
+        "lora_slots_overfilled_after_a_skip."),
+    RuleChange(
+        "priority_self_preemption_goes_on", "0.33.0", "",
+        "Under the priority policy, a running request that preempts itself (it was the "
+        "least urgent) no longer ends the pass over the running requests: the more urgent "
+        "ones after it are still tried, in the pages it gave back."),
+    RuleChange(
+        "encoder_cut_sets_aside", "0.33.0", "",
+        "A waiting request whose grant an item that cannot be encoded now cuts to nothing "
+        "is set aside for the step, and the requests behind it get their turn (0.11.0 "
+        "ended the waiting part there)."),
+    RuleChange(
+        "outputs_update_the_cache_at_once", "0.33.0", "",
+        "When a running request's outputs are applied, a stop leaves the dropped tokens "
+        "out of its computed count (0.11.0 kept them counted), and with drafts configured "
+        "(or output placeholders, async scheduling) the pages its computed tokens fill are "
+        "cached at once, before a stop frees them, instead of at its next allocation."),
+    RuleChange(
+        "eagle_hashes_cover_the_next_token", "0.33.0", "",
+        "With an eagle drafter, prefix caching and no KV connector, a block's prefix-cache "
+        "key also covers the token after the block (and the items that token touches), "
+        "since the drafter's KV at the block's last position depends on it; a block is "
+        "keyed only once that token is known.  The eagle hit no longer gives back its last "
+        "block.  Found by the 0.34.0 check of spec_eagle_lookahead_drop_last_hit and "
+        "hybrid_eagle_sliding_window_hit (0.33.0's eagle streams were not driven)."),
+    RuleChange(
+        "threshold_needs_chunked_prefill", "0.34.0", "",
+        "With chunked prefill off the long-prefill token threshold caps nothing: a request "
+        "that cannot be chunked is not held back.  Found by the 0.34.0 check of "
+        "set_aside_threshold_caps_first."),
+    RuleChange(
+        "unchunked_mm_prompt_not_split", "0.34.0", "",
+        "With chunked prefill off, a waiting request whose grant an item that cannot be "
+        "encoded now (encoder budget or cache) cuts short of its whole sequence gets "
+        "nothing this step: it lets go of the encoder-cache entries its lookup took and is "
+        "set aside (0.33.0's encoder_cut_sets_aside), so the requests behind it get their "
+        "turn; up to 0.33.0 it ran the partial prefill.  Found by the 0.34.0 check of "
+        "failed_admission_lets_go_of_encoder_inputs."),
+    RuleChange(
+        "grammar_keeps_first_invalid_draft", "0.34.0", "",
+        "Structured output: a request's new drafts are cut after the first one its grammar "
+        "rejects, which stays (0.11.0 cut before it), and the bitmask rows after a rejected "
+        "or placeholder draft are left unfilled, so the model rejects that draft.  Found by "
+        "the 0.34.0 check of grammar_cuts_drafts."),
+    RuleChange(
+        "encoder_cuts_at_the_item", "0.33.0", "",
+        "Multimodal: an item that cannot be encoded now (encoder budget or cache) cuts the "
+        "grant right before its placeholder, no longer one token earlier for an eagle "
+        "drafter, and never lengthens it (an item only the drafter's read-ahead reaches no "
+        "longer cuts the grant); and with disable_chunked_mm_input a range that starts "
+        "right at a placeholder and would end inside it is cut to nothing too.  Found by "
+        "the 0.34.0 check of mm_eagle_reads_one_token_ahead (0.33.0's eagle streams were "
+        "not driven)."),
 )
 
 _BY_NAME = {c.name: c for c in CHANGES}

@@ -53,6 +53,11 @@ class Request:
     hash_block_size: int | None = None
     # From 0.19.0 (mm_hash_keys_carry_the_offset) an item's key holds its place in the block.
     mm_keys_with_offset: bool = False
+    # From 0.31.0 (later_hashing_sees_every_item) a later hashing looks from the first item.
+    mm_later_hashing_sees_every_item: bool = False
+    # From 0.33.0 with an eagle drafter (eagle_hashes_cover_the_next_token): tokens after a
+    # block that its key covers; the block is hashed once they exist.
+    hash_lookahead_tokens: int = 0
 
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
@@ -63,6 +68,12 @@ class Request:
     # Async scheduling: positions scheduled past the known tokens whose sampled token
     # is not back yet (reference.async_scheduler).
     num_output_placeholders: int = 0
+    # Whether the request's last grant left known tokens (or placeholders) uncomputed:
+    # it was mid-prefill when that step was scheduled (vLLM's is_prefill_chunk).
+    left_mid_prefill: bool = False
+    # Tokens scheduled in batches whose output is not applied yet (vLLM's
+    # num_in_flight_tokens; read from 0.26.0, window_frees_wait_for_outputs).
+    num_in_flight_tokens: int = 0
     block_hashes: list[BlockHash] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -76,7 +87,8 @@ class Request:
     @property
     def hash_inputs(self) -> HashInputs:
         return HashInputs(self.lora_id, self.cache_salt, self.encoder_inputs,
-                          self.mm_keys_with_offset)
+                          self.mm_keys_with_offset, self.mm_later_hashing_sees_every_item,
+                          self.hash_lookahead_tokens)
 
     @property
     def num_tokens(self) -> int:
@@ -98,12 +110,14 @@ class Request:
     def append_output_token(self, token: int) -> None:
         self.output_token_ids.append(token)
         self.all_token_ids.append(token)
-        if self.hash_block_size is not None and len(self.all_token_ids) % self.hash_block_size == 0:
+        if self.hash_block_size is not None and \
+                (len(self.all_token_ids) - self.hash_lookahead_tokens) % self.hash_block_size == 0:
             self._hash_new_full_blocks()
 
     def _hash_new_full_blocks(self) -> None:
         size = self.hash_block_size
-        if size is not None and len(self.all_token_ids) >= (len(self.block_hashes) + 1) * size:
+        if size is not None and len(self.all_token_ids) - self.hash_lookahead_tokens \
+                >= (len(self.block_hashes) + 1) * size:
             extend_block_hashes(self.block_hashes, self.all_token_ids, self.hash_block_size,
                                 self.hash_inputs)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from reference import events
+from reference.arith import cdiv
 from reference.config import Config
 from reference.encoder_cache import EncoderCacheManager, encoder_budgets
 from reference.encoder_inputs import free_encoder_inputs, try_schedule_encoder_inputs
@@ -48,6 +49,8 @@ class StepPlan:
     new: list[Request] = field(default_factory=list)
     resumed: list[Request] = field(default_factory=list)
     running: list[Request] = field(default_factory=list)
+    # Whether a running request scheduled this step was left mid-prefill by its last grant.
+    running_prefill: bool = False
     preempted: list[Request] = field(default_factory=list)
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
     new_block_ids: dict[str, list[list[int]]] = field(default_factory=dict)  # one list per group
@@ -77,8 +80,10 @@ class Scheduler:
         # Requests whose asynchronous load the worker reported done, not yet picked up.
         self.finished_recving: set[str] = set()
         self.kv = KVCacheManager(config.num_blocks, config.block_size, config.max_model_len,
-                                 config.enable_prefix_caching, config.use_eagle, emit,
+                                 config.enable_prefix_caching,
+                                 config.use_eagle and not self.hash_lookahead_tokens(), emit,
                                  config.groups, config.has, config.enable_kv_cache_events)
+        self.kv.tokens_in_flight = self.tokens_in_flight()
         self.encoder_compute_budget, cache_size = self.encoder_sizes()
         self.encoder_cache = EncoderCacheManager(cache_size)
         self.requests: dict[str, Request] = {}
@@ -86,7 +91,14 @@ class Scheduler:
         # From 0.18.0 (set_aside_requests_wait_apart): requests set aside, and new ones that
         # cannot run yet, wait in a queue of their own (vLLM's skipped_waiting).
         self.set_aside_queue = make_queue(config.policy)
+        # From 0.31.0 (page_holders_wait_first) that queue holds the waiting requests that
+        # hold pages, and the requests set aside (or arrived blocked) and not admitted since
+        # are counted apart wherever they wait (vLLM's deferred_waiting).
+        self.deferred: set[Request] = set()
         self.running: list[Request] = []
+        # Requests whose prefill is under way: admitted and left mid-prefill, or loading
+        # asynchronously (vLLM's _inflight_prefills; read from 0.23.0).
+        self.inflight_prefills: dict[str, Request] = {}
         self.finished_req_ids: set[str] = set()
         # KV cache events, one batch per step that had any (vLLM's publisher).
         self.published_kv_events: list[list[KVEvent]] = []
@@ -106,14 +118,42 @@ class Scheduler:
     # -- requests in and out ---------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
+        # Its prompt is hashed already; from 0.31.0 (later_hashing_sees_every_item) the
+        # blocks its outputs complete are hashed with every item they touch.
+        request.mm_later_hashing_sees_every_item = self.config.has(
+            "later_hashing_sees_every_item")
+        if self.hash_lookahead_tokens() and request.hash_block_size is not None:
+            request.hash_lookahead_tokens = self.hash_lookahead_tokens()
+            request.block_hashes.clear()  # its prompt is hashed again, looking ahead
+            request._hash_new_full_blocks()
         if self.waits_apart() and request.status == RequestStatus.WAITING_FOR_FSM:
             self.set_aside_queue.add(request)  # it cannot run before its grammar is ready
         else:
             self.waiting.add(request)
+        if self.holders_wait_first() and request.status == RequestStatus.WAITING_FOR_FSM:
+            self.deferred.add(request)
         self.requests[request.request_id] = request
+
+    def hash_lookahead_tokens(self) -> int:
+        """From 0.33.0 (eagle_hashes_cover_the_next_token), with an eagle drafter, prefix
+        caching and no KV connector, a block's key also covers the token after it (the
+        drafter's KV at the block's last position reads it), and the hit no longer drops
+        its last block for the drafter."""
+        c = self.config
+        return int(c.use_eagle and c.num_speculative_tokens > 0 and c.enable_prefix_caching
+                   and self.connector is None and c.has("eagle_hashes_cover_the_next_token"))
 
     def waits_apart(self) -> bool:
         return self.config.has("set_aside_requests_wait_apart")
+
+    def holders_wait_first(self) -> bool:
+        return self.config.has("page_holders_wait_first")
+
+    @staticmethod
+    def holds_pages(request: Request) -> bool:
+        """A waiting request with pages: tokens computed, or an asynchronous load."""
+        return (request.num_computed_tokens > 0
+                or request.status == RequestStatus.WAITING_FOR_REMOTE_KVS)
 
     def num_waiting(self) -> int:
         return len(self.waiting) + len(self.set_aside_queue)
@@ -166,6 +206,8 @@ class Scheduler:
         they go when the transfer is reported done."""
         keep_pages = self.connector_keeps_pages(request) or keep_pages
         self.encoder_cache.free(request)
+        self.inflight_prefills.pop(request.request_id, None)
+        self.deferred.discard(request)
         self.finished_req_ids.add(request.request_id)
         if not keep_pages:
             self._free_pages(request)
@@ -180,10 +222,13 @@ class Scheduler:
         if self.config.has("window_pages_freed_before_connector_finish"):
             # From 0.20.0 the window is that of the computed tokens, not of all of them.
             self.kv.remove_skipped_blocks(
-                request, request.num_computed_tokens
+                request, self.kv.processed_tokens(request)
                 if self.config.has("connector_finish_window_of_computed_tokens")
                 else request.num_tokens)
         (block_ids,) = self.kv.get_block_ids(request.request_id)
+        if self.config.has("connector_finish_sees_computed_pages"):
+            # From 0.25.0 only the pages holding computed tokens: not the lookahead's.
+            del block_ids[cdiv(request.num_computed_tokens, self.kv.block_size):]
         return self.connector.request_finished(request, block_ids)
 
     def reset_prefix_cache(self) -> bool:
@@ -195,7 +240,7 @@ class Scheduler:
         plan = StepPlan(token_budget=self.config.max_num_batched_tokens,
                         encoder_budget=self.encoder_compute_budget)
         self._schedule_running(plan)
-        plan.adapters = AdapterSlots(self.config.max_loras, plan.running)
+        plan.adapters = AdapterSlots(self.config.max_loras, self.adapter_holders(plan))
         if self.admits_waiting(plan):
             self._schedule_waiting(plan)
         self._check_limits(plan)
@@ -205,6 +250,14 @@ class Scheduler:
         if not self.config.has("kv_events_published_after_update"):
             self.publish_kv_events()
         return output
+
+    def adapter_holders(self, plan: StepPlan) -> list[Request]:
+        """The requests whose adapters hold the step's LoRA slots: the running requests
+        scheduled in the step (quirks.LORA_SLOTS_OVERFILLED_AFTER_A_SKIP), from 0.33.0
+        (lora_slots_held_by_every_running_request) every running request."""
+        if self.config.has("lora_slots_held_by_every_running_request"):
+            return self.running
+        return plan.running
 
     def publish_kv_events(self) -> None:
         """What the KV cache changed goes out as one batch, if anything did: at the end of
@@ -229,6 +282,12 @@ class Scheduler:
         c = self.config
         if c.has("threshold_dropped_when_nothing_chunks") and \
                 not c.enable_chunked_prefill and not c.enable_prefix_caching:
+            return 0
+        if c.has("threshold_needs_chunked_prefill") and not c.enable_chunked_prefill:
+            return 0  # from 0.34.0: a request that cannot be chunked is never capped
+        if c.has("threshold_lifted_for_a_lone_request") and self.num_unfinished() <= 1:
+            # From 0.31.0 the cap holds a request back for the others' sake only.  A step
+            # does not change how many requests are unfinished: this is its first count.
             return 0
         return c.long_prefill_token_threshold
 
@@ -265,13 +324,23 @@ class Scheduler:
                 continue
             new_blocks = self._allocate_or_preempt(request, num_new, plan)
             if new_blocks is None:
+                if self.goes_on_after_self_preemption():
+                    continue  # it left the running list: the index names the next one
                 break  # it preempted itself: nothing lower is left to preempt
             plan.running.append(request)
+            plan.running_prefill |= request.left_mid_prefill
             plan.grant(request, num_new, block_ids(new_blocks))
             plan.running_index += 1
             if request.spec_token_ids:
                 self._schedule_drafts(request, num_new, plan)
             self._encode(request, encode, encoder_budget, plan)
+
+    def goes_on_after_self_preemption(self) -> bool:
+        """From 0.33.0 (priority_self_preemption_goes_on), under priority, a request that
+        preempted itself was the least urgent running one: the requests after it are more
+        urgent and may fit in the pages it gave back, so the pass goes on."""
+        return (self.config.policy == "priority"
+                and self.config.has("priority_self_preemption_goes_on"))
 
     def placeholders_reach_max_tokens(self, request: Request) -> bool:
         """From 0.12.0 (async_skips_requests_at_max_tokens): a request whose output
@@ -293,7 +362,8 @@ class Scheduler:
             lookahead=self.drafter_reads_ahead(),
             encode_ahead=not self.config.has("eagle_lookahead_item_waits"),
             whole_item_lookahead=self.drafter_reads_ahead()
-            if self.config.has("eagle_whole_item_cut_one_token_earlier") else 0)
+            if self.config.has("eagle_whole_item_cut_one_token_earlier") else 0,
+            cut_at_item=self.config.has("encoder_cuts_at_the_item"))
 
     def drafter_reads_ahead(self) -> int:
         """Placeholders an eagle drafter reads past the granted range: from 0.12.0 one,
@@ -328,11 +398,16 @@ class Scheduler:
         quirks.PRIORITY_VICTIM_KEEPS_ITS_GRANT for what 0.11.0 does then.
         """
         victim = self.priority_victim() if self.config.policy == "priority" else self.fcfs_victim()
+        victim_index = self.running.index(victim)
         self.running.remove(victim)
         if victim in plan.running:
             plan.running.remove(victim)
             if self.config.has("priority_victim_loses_its_grant"):
                 self._revoke_grant(victim, plan)
+        elif victim_index < plan.running_index and self.config.has("passed_over_victim_keeps_the_pass"):
+            # From 0.28.0 a victim passed over earlier in the step (no tokens for it) also
+            # steps the pass back, so the request after the current one is not skipped.
+            plan.running_index -= 1
         return victim
 
     def _revoke_grant(self, victim: Request, plan: StepPlan) -> None:
@@ -361,6 +436,7 @@ class Scheduler:
         victim.status = RequestStatus.PREEMPTED
         victim.num_computed_tokens = 0
         victim.num_preemptions += 1
+        self.inflight_prefills.pop(victim.request_id, None)
         self.waiting.prepend(victim)
         plan.preempted.append(victim)
         self.emit(events.Preempted(victim.request_id))
@@ -386,6 +462,7 @@ class Scheduler:
                     or plan.adapters.turns_away(request)):
                 self.set_aside(set_aside, queue.pop())
                 continue
+            looked_up = request.num_computed_tokens == 0
             hit, num_hit, num_computed = self._lookup_prefix(request)
             external = self.external_hit(request, num_hit)
             if external is None:  # the connector cannot tell yet
@@ -393,11 +470,14 @@ class Scheduler:
                 continue
             num_external, load_async = external
             num_computed += num_external
-            encode, encoder_budget = [], plan.encoder_budget
+            encode, encoder_budget, padding = [], plan.encoder_budget, 0
             if load_async:
                 num_new = 0  # pages for the loaded tokens only; nothing is computed now
             else:
-                num_new = self.waiting_grant(request, num_computed, plan)
+                padding = self.decode_padding(request, num_computed, plan)
+                if padding is None:
+                    break  # padded, it would not fit: the waiting part ends
+                num_new = self.waiting_grant(request, num_computed, plan, padding)
                 if num_new is None:
                     if self.config.has("chunked_off_stops_at_first_misfit"):
                         break  # 0.12.0 and later: the requests behind it wait too
@@ -406,7 +486,13 @@ class Scheduler:
                 assert num_new > 0
                 encode, num_new, encoder_budget = self.encoder_grant(request, num_computed,
                                                                      num_new, plan)
+                if num_new and self.unchunked_prompt_cut(request, num_computed, num_new):
+                    self.encoder_cache.free(request)  # the hits its lookup took, too
+                    encode, num_new = [], 0
                 if num_new == 0:
+                    if self.config.has("encoder_cut_sets_aside"):
+                        self.set_aside(set_aside, queue.pop())  # from 0.33.0
+                        continue
                     break  # its next item cannot be encoded now: the waiting part ends
             if not self.fits_whole_sequence(request, hit, num_computed):
                 self.not_admitted(request)
@@ -414,22 +500,76 @@ class Scheduler:
             new_blocks = self.kv.allocate_slots(request, num_new + num_external, num_hit, hit,
                                                 self.admission_lookahead(request, load_async),
                                                 delay_caching=load_async,
-                                                num_external_tokens=num_external)
+                                                num_external_tokens=num_external,
+                                                reserved_blocks=self.reserved_for_prefills()
+                                                if load_async else 0)
             if new_blocks is None:
                 self.not_admitted(request)
                 break  # a waiting request never preempts: it waits for pages
             self.tell_connector_pages(request, hit, new_blocks, num_external)
+            if looked_up:
+                self.kv.lookup_admitted(request, num_hit)
             if load_async:
                 request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
                 if self.config.has("async_load_counts_tokens_at_once"):
                     request.num_computed_tokens = num_computed
+                self.inflight_prefills[request.request_id] = request
                 self.set_aside(set_aside, queue.pop())
                 continue
             self._admit(queue.pop(), num_new, num_computed, plan)
+            if num_computed + num_new < request.num_tokens:
+                self.inflight_prefills[request.request_id] = request
+            if padding:
+                self.check_padded_grant(num_new, padding)
+                plan.spec_tokens[request.request_id] = [-1] * padding
             self._encode(request, encode, encoder_budget, plan)
         if len(set_aside):
+            self.put_back(set_aside)
+
+    def tokens_in_flight(self) -> int:
+        """Tokens scheduled and not yet applied, at most, as the whole-sequence admission
+        test of a window group counts them: a step's budget; from 0.26.0
+        (window_cap_counts_batches_in_flight) the budget of every batch in flight: two
+        under async scheduling (on one pipeline stage), else one per pipeline stage."""
+        c = self.config
+        if not c.has("window_cap_counts_batches_in_flight"):
+            return c.max_num_batched_tokens
+        batches = 2 if c.async_scheduling and c.pipeline_parallel_size <= 1 \
+            else c.pipeline_parallel_size
+        return batches * c.max_num_batched_tokens
+
+    def reserved_for_prefills(self) -> int:
+        """Free pages an asynchronous load may not take.  From 0.23.0
+        (async_load_leaves_room_for_prefills) the pages the prefills under way still need
+        to hold their whole sequence (capped at max_model_len), a load being admitted only
+        from the rest; up to 0.22.1 none."""
+        if not self.config.has("async_load_leaves_room_for_prefills"):
+            return 0
+        return sum(self.kv.pages_still_needed(r) for r in self.inflight_prefills.values())
+
+    def put_back(self, set_aside: RequestQueue) -> None:
+        """The requests set aside in the step go back to the head of their queue: up to
+        0.17.1 and from 0.31.0 the waiting queue, 0.18.0 to 0.30.0 the set-aside queue.
+        From 0.31.0 (page_holders_wait_first) those holding pages go to the head of the
+        page holders' queue instead."""
+        reverse = self.config.has("set_aside_order_kept")
+        if not self.holders_wait_first():
             (self.set_aside_queue if self.waits_apart() else self.waiting).prepend_all(
-                set_aside, reverse=self.config.has("set_aside_order_kept"))
+                set_aside, reverse=reverse)
+            return
+        holders, others = make_queue(self.config.policy), make_queue(self.config.policy)
+        for request in set_aside:  # the set-aside order is kept within each
+            (holders if self.holds_pages(request) else others).add(request)
+        self.set_aside_queue.prepend_all(holders, reverse=reverse)
+        self.waiting.prepend_all(others, reverse=reverse)
+
+    def unchunked_prompt_cut(self, request: Request, num_computed: int, num_new: int) -> bool:
+        """From 0.34.0 (unchunked_mm_prompt_not_split), with chunked prefill off, a request
+        whose grant an item that cannot be encoded now cut short of its whole sequence
+        gets nothing this step, rather than a partial prefill."""
+        return (bool(request.encoder_inputs) and not self.config.enable_chunked_prefill
+                and num_new < request.num_tokens - num_computed
+                and self.config.has("unchunked_mm_prompt_not_split"))
 
     def not_admitted(self, request: Request) -> None:
         """A waiting request turned away for want of pages after its items were looked up
@@ -443,9 +583,12 @@ class Scheduler:
     def next_waiting_queue(self) -> RequestQueue:
         """Where the next waiting request comes from.  Up to 0.17.1 there is one queue (the
         set-aside requests went back to its head).  From 0.18.0 the set-aside queue comes
-        first under fcfs; under priority the better of the two heads wins."""
+        first under fcfs; under priority the better of the two heads wins.  From 0.31.0
+        (page_holders_wait_first) the page holders' queue comes first under both policies."""
         if not len(self.set_aside_queue):
             return self.waiting
+        if self.holders_wait_first():
+            return self.set_aside_queue
         if not len(self.waiting) or self.config.policy == "fcfs":
             return self.set_aside_queue
         return self.waiting if runs_before(self.waiting.peek(), self.set_aside_queue.peek()) \
@@ -492,6 +635,9 @@ class Scheduler:
         if self.connector is None or request.num_computed_tokens > 0:
             return 0, False
         num_external, load_async = self.connector.get_num_new_matched_tokens(request, num_hit)
+        if request.wants_prompt_logprobs and \
+                self.config.has("external_hit_ignored_without_prefix_reads"):
+            return 0, False  # from 0.31.0 it reads no prefix, not even one from outside
         if num_external is None:
             return None
         assert num_external > 0 or not load_async
@@ -570,19 +716,62 @@ class Scheduler:
             return hit, num_hit, num_hit
         return [], 0, request.num_computed_tokens
 
-    def waiting_grant(self, request: Request, num_computed: int, plan: StepPlan) -> int | None:
+    def waiting_grant(self, request: Request, num_computed: int, plan: StepPlan,
+                      padding: int = 0) -> int | None:
         """Tokens a waiting request computes now, or None when it is set aside: the
-        long-prefill threshold first, then (chunked prefill off) the whole-prompt
-        test against the remaining budget, then the budget."""
-        num_new = self.waiting_tokens(request, num_computed)
+        long-prefill threshold first (on the tokens and their ``padding``), then (chunked
+        prefill off) the whole-prompt test against the remaining budget, then the budget."""
+        num_new = self.waiting_tokens(request, num_computed, padding)
         if self.sets_aside(num_new, plan):
             return None
         return min(num_new, plan.token_budget)
 
-    def waiting_tokens(self, request: Request, num_computed: int) -> int:
+    def waiting_tokens(self, request: Request, num_computed: int, padding: int = 0) -> int:
         """Every token not yet computed, outputs included (a resumed request recomputes
-        them), cut by the long-prefill threshold; the budget is applied later."""
-        return self.cap_long_prefill(request.num_tokens - num_computed)
+        them), and the padding, cut by the long-prefill threshold; the budget is applied
+        later."""
+        return self.cap_long_prefill(request.num_tokens - num_computed + padding)
+
+    def decode_padding(self, request: Request, num_computed: int, plan: StepPlan) -> int | None:
+        """Placeholder drafts a waiting request is padded with (0: none), or None when,
+        padded, it would not fit and the waiting part of the step ends.
+
+        From 0.25.0 (new_decode_padded_with_drafts), with drafting on: a waiting request
+        with one token left to compute, met while the step's running requests all decode
+        (at least one is scheduled, and none was left mid-prefill by its last grant),
+        computes as many positions as a drafting request does, one plus
+        num_speculative_tokens: the extra ones are drafts of -1, which the model rejects.
+        If those positions exceed the budget or max_model_len, the waiting part ends.
+        From 0.29.0 (decode_padding_leaves_room_to_sample) a request is padded only if
+        max_model_len leaves room for the token sampled after the padding too; otherwise
+        it runs its one token unpadded, and only the budget can end the waiting part."""
+        width = 1 + self.config.num_speculative_tokens
+        if (not self.config.has("new_decode_padded_with_drafts") or width == 1
+                or request.num_tokens - num_computed != 1
+                or not plan.running and not self.pads_without_running(num_computed)
+                or plan.running_prefill):
+            return 0
+        if self.config.has("decode_padding_leaves_room_to_sample"):
+            if num_computed + width + 1 > self.config.max_model_len:
+                return 0
+            return None if width > plan.token_budget else width - 1
+        if width > plan.token_budget or num_computed + width > self.config.max_model_len:
+            return None
+        return width - 1
+
+    def check_padded_grant(self, num_new: int, padding: int) -> None:
+        """A padded grant cut afterwards (by the long-prefill threshold, by an encoder
+        input) keeps its ``padding`` placeholder drafts; from 0.29.0
+        (decode_padding_leaves_room_to_sample) vLLM asserts that it was not cut, and the
+        engine raises AssertionError."""
+        if num_new != 1 + padding and self.config.has("decode_padding_leaves_room_to_sample"):
+            raise AssertionError(f"a padded grant of {num_new} tokens, not {1 + padding}")
+
+    def pads_without_running(self, num_computed: int) -> bool:
+        """From 0.30.0 (padding_without_running_requests) a request with tokens computed
+        already (a prefix hit, a load, a resumption) is padded in a step that scheduled no
+        running request too."""
+        return num_computed > 0 and self.config.has("padding_without_running_requests")
 
     def sets_aside(self, num_new: int, plan: StepPlan) -> bool:
         """With chunked prefill off, a request that does not fit whole waits for a later
@@ -595,6 +784,8 @@ class Scheduler:
         (quirks.SKIPPED_WAITING_REQUESTS_REVERSED) -- until 0.14.0, whose queue reverses
         them again as it puts them back (set_aside_order_kept)."""
         set_aside.prepend(request)
+        if self.holders_wait_first():
+            self.deferred.add(request)
         self.emit(events.SetAside(request.request_id))
 
     def admission_lookahead(self, request: Request, load_async: bool = False) -> int:
@@ -606,6 +797,7 @@ class Scheduler:
 
     def _admit(self, request: Request, num_new: int, num_computed: int, plan: StepPlan) -> None:
         self.running.append(request)
+        self.deferred.discard(request)
         (plan.new if request.status == RequestStatus.WAITING else plan.resumed).append(request)
         plan.adapters.take(request)
         plan.grant(request, num_new, self.kv.get_block_ids(request.request_id))
@@ -634,7 +826,8 @@ class Scheduler:
             finished_req_ids=self.finished_req_ids,
             grammar=self.grammar_batch(plan),
             scheduled_encoder_inputs={k: list(v) for k, v in plan.encoder_inputs.items()},
-            free_encoder_mm_hashes=self.encoder_cache.get_freed_mm_hashes(),
+            free_encoder_mm_hashes=self.encoder_cache.get_freed_mm_hashes(
+                skip_cached_again=self.config.has("recached_outputs_not_freed")),
         )
 
     def grammar_batch(self, plan: StepPlan):
@@ -644,7 +837,8 @@ class Scheduler:
             granted = [self.requests[rid] for rid in plan.num_scheduled_tokens]
             if self.config.has("grammar_rows_skip_prefill_chunks"):
                 granted = [r for r in granted if not self.is_prefill_chunk(r, plan)]
-            return grammar_batch(granted, plan.spec_tokens, index_among_constrained=True)
+            return grammar_batch(granted, plan.spec_tokens, index_among_constrained=True,
+                                 invalid_drafts=self.keeps_first_invalid_draft())
         return grammar_batch(self.worker_batch(plan), plan.spec_tokens)
 
     def is_prefill_chunk(self, request: Request, plan: StepPlan) -> bool:
@@ -652,6 +846,12 @@ class Scheduler:
         (from 0.17.0 such a request gets no bitmask row, grammar_rows_skip_prefill_chunks)."""
         computed = request.num_computed_tokens + plan.num_scheduled_tokens[request.request_id]
         return computed < request.num_tokens + request.num_output_placeholders
+
+    def keeps_first_invalid_draft(self) -> bool:
+        """From 0.34.0 (grammar_keeps_first_invalid_draft) a request's drafts are cut after
+        the first one its grammar rejects, not before it; the bitmask leaves the rows
+        after that draft unfilled, so the model rejects it."""
+        return self.config.has("grammar_keeps_first_invalid_draft")
 
     def worker_batch(self, plan: StepPlan) -> list[Request]:
         """The step's requests in the worker's batch order: new, running, resumed."""
@@ -663,6 +863,11 @@ class Scheduler:
         for req_id, num_tokens in output.num_scheduled_tokens.items():
             request = self.requests[req_id]
             request.num_computed_tokens += num_tokens
+            request.num_in_flight_tokens += num_tokens
+            request.left_mid_prefill = (request.num_computed_tokens
+                                        < request.num_tokens + request.num_output_placeholders)
+            if not request.left_mid_prefill:
+                self.inflight_prefills.pop(req_id, None)
             if request.encoder_inputs:
                 free_encoder_inputs(request, request.num_computed_tokens, self.encoder_cache)
 
@@ -683,10 +888,11 @@ class Scheduler:
         """
         stopped_running, stopped_waiting = [], []
         spec_decoding = None
-        for req_id in output.num_scheduled_tokens:
+        for req_id, num_tokens in output.num_scheduled_tokens.items():
             request = self.requests.get(req_id)
             if request is None:
                 continue
+            request.num_in_flight_tokens -= num_tokens
             tokens = list(sampled.get(req_id, []))
             drafts = output.scheduled_spec_decode_tokens.get(req_id)
             if drafts:
@@ -695,7 +901,10 @@ class Scheduler:
                     self.config.num_speculative_tokens)
                 spec_decoding.observe_draft(len(drafts), num_accepted(tokens))
             status_before = request.status
+            had_placeholders = request.num_output_placeholders > 0
             kept, stopped = self._append_outputs(request, tokens) if tokens else ([], False)
+            if tokens and status_before == RequestStatus.RUNNING:
+                self._after_outputs(request, tokens, kept, had_placeholders)
             if request.pooling and req_id in sampled:
                 stopped = check_pooled(request)
             if stopped:
@@ -719,6 +928,10 @@ class Scheduler:
     def make_stats(self, spec_decoding: SpecDecodingStats | None) -> SchedulerStats:
         """The report that ends every update: the queues' lengths after it, the pool's
         usage, the prefix-cache lookups since the last report and this step's drafts."""
+        if self.holders_wait_first():
+            return SchedulerStats(len(self.running), self.num_waiting() - len(self.deferred),
+                                  self.kv.usage(), self.kv.take_prefix_cache_stats(),
+                                  spec_decoding, num_set_aside=len(self.deferred))
         if self.config.has("waiting_stats_count_set_aside_apart"):
             return SchedulerStats(len(self.running), len(self.waiting), self.kv.usage(),
                                   self.kv.take_prefix_cache_stats(), spec_decoding,
@@ -738,6 +951,19 @@ class Scheduler:
         """
         return len(drafts) - num_accepted(tokens)
 
+    def _after_outputs(self, request: Request, tokens: list[int], kept: list[int],
+                       had_placeholders: bool) -> None:
+        """From 0.33.0 (outputs_update_the_cache_at_once) a running request's computed
+        count leaves out the tokens a stop dropped, and a request with drafts configured
+        (or output placeholders) gets the pages its computed tokens fill cached now, before
+        a stop frees them, not at its next allocation."""
+        if not self.config.has("outputs_update_the_cache_at_once"):
+            return
+        request.num_computed_tokens -= len(tokens) - len(kept)
+        if had_placeholders or self.config.num_speculative_tokens > 0:
+            self.kv.cache_blocks(request, request.num_computed_tokens
+                                 - request.num_output_placeholders)
+
     def _append_outputs(self, request: Request, tokens: list[int]) -> tuple[list[int], bool]:
         """Append tokens one by one; a stop drops the tokens after it.  Returns the
         tokens kept and whether the request stopped."""
@@ -754,7 +980,9 @@ class Scheduler:
             if request is None or request.is_finished:
                 continue
             if tokens and request.grammar is not None:
-                tokens = request.grammar.validate(list(tokens))
+                valid = request.grammar.validate(list(tokens))
+                # From 0.34.0 the first draft the grammar rejects stays, its row unfilled.
+                tokens = tokens[:len(valid) + 1] if self.keeps_first_invalid_draft() else valid
             request.spec_token_ids = list(tokens)
 
 

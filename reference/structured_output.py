@@ -65,7 +65,8 @@ class GrammarBatch:
 
 
 def grammar_batch(batch: list, spec_tokens: dict[str, list[int]],
-                  index_among_constrained: bool = False) -> GrammarBatch:
+                  index_among_constrained: bool = False,
+                  invalid_drafts: bool = False) -> GrammarBatch:
     """Index the constrained requests of ``batch`` and fill their rows, in that order.
 
     0.11.0 indexes a request by its place in the whole batch, whose order is the
@@ -79,17 +80,52 @@ def grammar_batch(batch: list, spec_tokens: dict[str, list[int]],
         position = constrained if index_among_constrained else batch
         out.batch_index[request.request_id] = position.index(request)
     for request in constrained:
-        out.rows += rows_of(request, spec_tokens.get(request.request_id, []))
+        out.rows += rows_of(request, spec_tokens.get(request.request_id, []), invalid_drafts)
     return out
 
 
-def rows_of(request, drafts: list[int]) -> list[BitmaskRow]:
-    """One row per draft plus one: the grammar steps through the drafts, then back."""
+#: The state of a row left unfilled (the grammar does not constrain it).
+UNFILLED_ROW = -1
+
+
+def rows_of(request, drafts: list[int], invalid_drafts: bool = False) -> list[BitmaskRow]:
+    """One row per draft plus one: the grammar steps through the drafts, then back.
+
+    A placeholder draft (-1: the padding of new_decode_padded_with_drafts, from 0.25.0
+    the only drafts that can be one) gets its row in the state reached so far; the
+    grammar stops there and the rows of the drafts after it are left unfilled, while the
+    last row, the token sampled after the drafts, is filled in the state reached.
+
+    ``invalid_drafts`` (from 0.34.0, grammar_keeps_first_invalid_draft): the drafts may end
+    with one the grammar rejects, or hold placeholders (-1); the rows after such a draft
+    are left unfilled."""
     grammar = request.grammar
-    rows = []
-    for token in drafts + [None]:
-        rows.append(BitmaskRow(request.request_id, grammar.num_accepted))
-        if token is not None:
+    if invalid_drafts:
+        return rows_up_to_invalid(request.request_id, grammar, drafts)
+    rows, advanced, stopped = [], 0, False
+    for token in drafts:
+        rows.append(BitmaskRow(request.request_id,
+                               UNFILLED_ROW if stopped else grammar.num_accepted))
+        if token == -1:
+            stopped = True
+        elif not stopped:
             grammar.accept([token])
-    grammar.rollback(len(drafts))
+            advanced += 1
+    rows.append(BitmaskRow(request.request_id, grammar.num_accepted))
+    grammar.rollback(advanced)
+    return rows
+
+
+def rows_up_to_invalid(request_id: str, grammar: Grammar, drafts: list[int]) -> list[BitmaskRow]:
+    rows, advanced, invalid = [], 0, False
+    for token in drafts + [None]:
+        rows.append(BitmaskRow(request_id, UNFILLED_ROW if invalid else grammar.num_accepted))
+        if token is None or invalid:
+            continue
+        if token < 0 or not grammar.validate([token]):
+            invalid = True
+        else:
+            grammar.accept([token])
+            advanced += 1
+    grammar.rollback(advanced)
     return rows

@@ -17,6 +17,7 @@ from reference.kv_sizing import (
     check_enough_kv_cache_memory,
     dtype_bytes,
     estimate_max_model_len,
+    flash_attention_shape,
     kv_cache_layout,
     kv_cache_tensor_shape,
     min_bytes_for_max_model_len,
@@ -331,3 +332,20 @@ def test_full_attention_models_are_not_hybrid():
     lay = H.hybrid_layout(qwen.layer_specs(16, 2048), GiB, 2048, 2048)
     ref = kv_cache_layout(ModelShape.load(QWEN_DIR), 16, GiB, 2048)
     assert lay.num_blocks == ref.num_blocks and len(lay.tensors) == ref.num_tensors
+
+
+def test_flash_tensor_packs_k_and_v_in_the_last_axis_from_0_26_0():
+    """kv_packed_in_last_dim: no K/V axis; the heads before the tokens; same elements."""
+    import json
+
+    from harness.engines.reference_engine import ReferenceEngine
+    from harness.paths import STREAMS_DIR
+    from harness.stream import parse_stream
+    stream = parse_stream(json.loads((STREAMS_DIR / "kv_pool_from_memory.json").read_text()))
+    shapes = {}
+    for release in ("0.25.1", "0.26.0"):
+        engine = ReferenceEngine(release)
+        engine.start(stream)
+        shapes[release] = engine.kv_cache_header()["tensor_shape"]
+    assert shapes == {"0.25.1": [8, 2, 16, 2, 64], "0.26.0": [8, 2, 16, 128]}
+    assert flash_attention_shape(8, 8, 2, 64, kv_in_last_dim=True) is None  # 16s only

@@ -472,3 +472,18 @@ def test_a_request_refused_pages_lets_go_of_its_cache_hits_from_0_14_0():
                               arrival_time=0.0, encoder_inputs=(EncoderInput(0, 4, "x"),)))
         assert s.schedule().num_scheduled_tokens == {}  # 12 tokens, room for 8
         assert s.encoder_cache.holders["x"] == holders, rules
+
+
+def test_an_output_cached_again_is_not_freed_on_the_worker_from_0_28_0():
+    """recached_outputs_not_freed: x was evicted and cached again before the step's output
+    was made; from 0.28.0 the worker is not told to free it."""
+    from reference.config import Config
+    from reference.scheduler import Scheduler
+    for rules, freed in ((frozenset(), ["x", "y"]),
+                         (frozenset({"recached_outputs_not_freed"}), ["y"])):
+        s = Scheduler(Config(block_size=4, num_blocks=8, max_num_batched_tokens=64,
+                             max_num_seqs=4, max_model_len=64, rules=rules,
+                             max_tokens_by_modality=(("image", 4),)))
+        allocated(s.encoder_cache, req("o", ["x"], [4]), 0)  # x is in the cache again
+        s.encoder_cache.freed = ["x", "y"]  # both evicted earlier in the step
+        assert s.schedule().free_encoder_mm_hashes == freed, rules

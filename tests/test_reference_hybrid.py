@@ -148,3 +148,29 @@ def test_eagle_needs_one_window_page_more_and_drops_it():
     kv.free(a)
     hits, n = kv.get_computed_blocks(request("b", [0] * 37))
     assert n == 16 and len(hits[0]) == 1
+
+
+def test_the_whole_sequence_test_caps_a_chunked_local_group_from_0_20_2():
+    """window_admission_capped, and from 0.26.0 window_cap_counts_batches_in_flight: 9
+    tokens need 3 full-attention pages and, uncapped, 3 chunked-local ones (6 > 5 free);
+    capped, a 4-token chunk and a 3-token budget take 2 pages (5 fit), while two batches
+    in flight (async scheduling) take 3 again."""
+    from reference.config import Config
+    from reference.kv_cache_spec import KVCacheSpec
+    from reference.request import Request
+    from reference.scheduler import Scheduler
+    whole = frozenset({"admission_reserves_whole_sequence"})
+    capped = whole | {"window_admission_capped"}
+    in_flight = capped | {"window_cap_counts_batches_in_flight"}
+    for rules, async_scheduling, admitted in ((whole, False, False), (capped, False, True),
+                                              (in_flight, False, True),
+                                              (in_flight, True, False)):
+        s = Scheduler(Config(block_size=4, num_blocks=6, max_num_batched_tokens=3,
+                             max_num_seqs=1, max_model_len=16, rules=rules,
+                             async_scheduling=async_scheduling,
+                             kv_cache_groups=(KVCacheSpec("full", 4),
+                                              KVCacheSpec("chunked_local", 4,
+                                                          attention_chunk_size=4))))
+        s.add_request(Request(request_id="r", prompt_token_ids=list(range(9)), max_tokens=1,
+                              arrival_time=0.0, hash_block_size=4))
+        assert bool(s.schedule().num_scheduled_tokens) == admitted, (rules, async_scheduling)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from reference.block_pool import BlockPool
+from reference.config import Config
 from reference.kv_cache_manager import KVCacheManager, block_ids
 from reference.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from reference.request import Request
@@ -186,3 +187,51 @@ def test_kv_events_with_an_adapter_raise_in_0_11_0_and_name_it_later():
     kv = events_manager(has=lambda rule: rule == "kv_events_name_the_adapter")
     kv.allocate_slots(make_request("a", prompt, block_size=4, lora_id=3), 9)
     assert [e.lora_id for e in kv.take_events()] == [3]
+
+
+def test_without_caching_freed_pages_join_the_tail_in_0_27_x():
+    """no_caching_frees_to_the_tail (0.27.0 to 0.27.1): with prefix caching off, pages given
+    back go to the tail; from 0.24.0 (every_uncached_page_reused_first) and again from
+    0.28.0 to the head."""
+    head = frozenset({"every_uncached_page_reused_first"})
+    for rules, order in ((head, [3, 2, 1, 4, 5]),
+                         (head | {"no_caching_frees_to_the_tail"}, [4, 5, 3, 2, 1])):
+        has = Config(block_size=4, num_blocks=6, max_num_batched_tokens=8, max_num_seqs=1,
+                     max_model_len=8, enable_prefix_caching=False, rules=rules).has
+        pool = BlockPool(6, enable_caching=False, has=has)
+        a, b, c = pool.get_new_blocks(3)
+        pool.free_blocks([c, b, a])
+        assert pool.free_queue.block_ids() == order, rules
+
+
+def test_window_pages_wait_for_the_outputs_in_flight_from_0_26_0():
+    """window_frees_wait_for_outputs: the pages a sliding window gives back before an
+    allocation follow the tokens whose output is applied, not those of batches in flight."""
+    from reference.kv_cache_spec import KVCacheSpec
+    for rules, table in ((frozenset(), [0, 0, 3]),
+                         (frozenset({"window_frees_wait_for_outputs"}), [0, 2, 3])):
+        has = Config(block_size=4, num_blocks=8, max_num_batched_tokens=8, max_num_seqs=1,
+                     max_model_len=32, rules=rules).has
+        kv = KVCacheManager(8, 4, max_model_len=32, enable_caching=False, use_eagle=False,
+                            groups=(KVCacheSpec("sliding_window", 4, sliding_window=4),), has=has)
+        r = make_request("r", list(range(12)), block_size=4)
+        kv.allocate_slots(r, 12)
+        r.num_computed_tokens, r.num_in_flight_tokens = 12, 4  # one batch of 4 in flight
+        kv.allocate_slots(r, 1)
+        assert kv.get_block_ids("r")[0][:3] == table, rules
+
+
+def test_a_lone_mamba_group_fails_the_start_up_from_0_23_0():
+    """lone_group_must_divide_block_size: one Mamba group of 16-token pages, block size 4."""
+    from reference.kv_cache_spec import KVCacheSpec
+    for rules, fails in ((frozenset(), False),
+                         (frozenset({"lone_group_must_divide_block_size"}), True)):
+        has = Config(block_size=4, num_blocks=4, max_num_batched_tokens=8, max_num_seqs=1,
+                     max_model_len=16, enable_prefix_caching=False, rules=rules).has
+        try:
+            KVCacheManager(4, 4, max_model_len=16, enable_caching=False, use_eagle=False,
+                           groups=(KVCacheSpec("mamba", 16),), has=has)
+        except AssertionError:
+            assert fails, rules
+        else:
+            assert not fails, rules

@@ -135,3 +135,33 @@ def test_a_preempted_request_waits_as_preempted_once_loaded_from_0_14_0():
         s.update_from_output(s.schedule(), {}, finished_recving=["a"])
         assert s.waits_for_remote_kv(a) is False
         assert a.status == status, rules
+
+
+def test_an_async_load_leaves_the_pages_of_prefills_under_way_from_0_23_0():
+    """async_load_leaves_room_for_prefills: p (56 tokens, 4 a step) holds 1 of its 14 pages;
+    a's load needs 3 of the 14 free pages, which p still needs 13 of."""
+    for rules, loading in ((frozenset(), True),
+                           (frozenset({"async_load_leaves_room_for_prefills"}), False)):
+        s = scheduler(Connector({"a": [(10, True)]}), long_prefill_token_threshold=4,
+                      rules=rules)
+        s.add_request(request("p", range(100, 156)))
+        s.add_request(request("a", range(1, 11)))
+        out = s.schedule()
+        assert out.num_scheduled_tokens == {"p": 4}, rules
+        assert (s.requests["a"].status == RequestStatus.WAITING_FOR_REMOTE_KVS) == loading, rules
+
+
+def test_a_finished_request_hands_the_connector_its_computed_pages_from_0_25_0():
+    """connector_finish_sees_computed_pages: with an eagle drafter, the prefill of 4 tokens
+    also takes the page of its lookahead slot; at the finish only the first page holds
+    computed tokens."""
+    for rules, pages in ((frozenset({"admission_reserves_lookahead"}), [1, 2]),
+                         (frozenset({"admission_reserves_lookahead",
+                                     "connector_finish_sees_computed_pages"}), [1])):
+        c = Connector({})
+        s = scheduler(c, use_eagle=True, num_speculative_tokens=1, rules=rules)
+        s.add_request(request("a", range(1, 5), max_tokens=1))
+        out = s.schedule()
+        assert out.scheduled_new_reqs[0].block_ids == [[1, 2]], rules
+        s.update_from_output(out, {"a": [7]})
+        assert c.calls[-1] == ("finished", "a", pages), rules

@@ -88,3 +88,9 @@ def test_the_changelog_page_is_written_from_the_releases():
     assert changelog.PAGE.read_text() == changelog.text(), "run: python -m harness changelog"
     for change in releases.CHANGES:
         assert f"**`{change.name}`**" in changelog.PAGE.read_text()
+
+
+def test_eagle_lookahead_item_waits_from_0_13_0_until_0_28_0():
+    waits = releases.change("eagle_lookahead_item_waits")
+    assert [waits.in_effect(r) for r in ("0.12.0", "0.13.0", "0.27.1", "0.28.0", "0.29.0")] \
+        == [False, True, True, False, False]

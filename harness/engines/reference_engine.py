@@ -225,7 +225,8 @@ class ReferenceEngine:
                                shape.page_size_bytes(size),
                                kv_sizing.flash_attention_shape(
                                    layout.num_blocks, size, shape.num_kv_heads, shape.head_size,
-                                   pages_first=self.config.has("kv_pages_first_in_tensor")))
+                                   pages_first=self.config.has("kv_pages_first_in_tensor"),
+                                   kv_in_last_dim=self.config.has("kv_packed_in_last_dim")))
 
     def applies_oldest_now(self, in_flight: int, runs_work: bool, worker_done: bool) -> bool:
         size = engine_core.batch_queue_size(self.config.async_scheduling,

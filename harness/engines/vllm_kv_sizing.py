@@ -57,13 +57,15 @@ from vllm.config import (CacheConfig, DeviceConfig, ModelConfig, ParallelConfig,
                          SchedulerConfig, VllmConfig)
 from vllm.model_executor.models import ModelRegistry  # noqa: E402
 from vllm.platforms import current_platform  # noqa: E402
-from vllm.transformers_utils.config import is_interleaved  # noqa: E402
+try:
+    from vllm.transformers_utils.config import is_interleaved  # noqa: E402
+except ImportError:  # 0.27.0: the engine arguments read layer_types themselves
+    is_interleaved = None
 try:
     from vllm.utils import get_dtype_size, get_kv_cache_torch_dtype  # noqa: E402
 except ImportError:  # 0.11.1 and later
     from vllm.utils.torch_utils import get_dtype_size, get_kv_cache_torch_dtype  # noqa: E402
 from vllm.v1 import kv_cache_interface as kvi  # noqa: E402
-from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend  # noqa: E402
 from vllm.v1.core import kv_cache_utils as ku  # noqa: E402
 from vllm.v1.core.block_pool import BlockPool  # noqa: E402
 
@@ -103,6 +105,9 @@ class VllmKVSizing:
             vc = VllmConfig(model_config=mc, cache_config=cc, device_config=DeviceConfig("cpu"))
             if (vc.cache_config.block_size, vc.model_config.max_model_len) != (block_size, max_model_len):
                 raise RuntimeError("vLLM changed the block size or max_model_len it was given")
+            # 0.29.0: the engine core resolves the KV cache layout before the sizing; the
+            # layers here share one spec, so their specs do not narrow the choice.
+            compat.resolve_kv_cache_layout(vc, ())
             self._vllm_configs[key] = vc
         return self._vllm_configs[key]
 
@@ -193,10 +198,8 @@ class VllmKVSizing:
             "tensor_shape": None,
             "viewed_shape": None,
         }
-        try:
-            shape = tuple(FlashAttentionBackend.get_kv_cache_shape(
-                cfg.num_blocks, block_size, heads, head_size))
-        except ValueError:
+        shape = compat.flash_attention_kv_shape(cfg.num_blocks, next(iter(specs.values())))
+        if shape is None:
             return out  # the backend refuses this block size
         raw = torch.empty(cfg.kv_cache_tensors[0].size, dtype=torch.int8, device="meta")
         out["tensor_shape"] = shape
@@ -248,8 +251,7 @@ class VllmKVSizing:
         sc = SchedulerConfig(max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
                              enable_chunked_prefill=True, is_encoder_decoder=False,
                              disable_hybrid_kv_cache_manager=disable_hybrid)
-        # CacheConfig.sliding_window as the engine arguments set it (arg_utils.py)
-        window = None if is_interleaved(mc.hf_text_config) else mc.get_sliding_window()
+        window = _cache_sliding_window(mc)
         cc = CacheConfig(block_size=block_size, cache_dtype=cache_dtype, sliding_window=window)
         with _as_on_cuda(allow_chunked_local):
             vc = VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc,
@@ -304,6 +306,7 @@ class VllmKVSizing:
         vc = self._hybrid_vllm_config(block_size, max_model_len, max_num_batched_tokens,
                                       disable_hybrid, allow_chunked_local)
         specs = self._hybrid_specs(vc)
+        compat.resolve_kv_cache_layout(vc, specs.values())  # 0.29.0, as the engine core does
         out: dict[str, Any] = {
             "hybrid manager": not vc.scheduler_config.disable_hybrid_kv_cache_manager,
             "attention block size": vc.cache_config.block_size,
@@ -345,6 +348,18 @@ class VllmKVSizing:
 
 
 # -- hybrid models ------------------------------------------------------------------------------
+
+def _cache_sliding_window(mc: ModelConfig) -> int | None:
+    """CacheConfig.sliding_window as the engine arguments set it (arg_utils.py): the
+    model's window unless its layers mix attention types (``is_interleaved``); where that
+    helper is gone (0.27.0), unless ``layer_types`` names a layer that is not sliding."""
+    if is_interleaved is not None:
+        return None if is_interleaved(mc.hf_text_config) else mc.get_sliding_window()
+    layer_types = getattr(mc.hf_text_config, "layer_types", None)
+    if layer_types is None or all(t == "sliding_attention" for t in layer_types):
+        return mc.get_sliding_window()
+    return None
+
 
 # The KV cache manager's name for each spec class.
 _KINDS = {kvi.FullAttentionSpec: "full", kvi.SlidingWindowSpec: "sliding_window",

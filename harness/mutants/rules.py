@@ -588,8 +588,8 @@ def _preempt_keeping_progress(self, victim, plan):
 
 @mutant("threshold_ignored_when_waiting", "the long-prefill threshold caps waiting requests too",
         SCHEDULER, replaces=(rsched.Scheduler, "waiting_tokens"), applies=threshold)
-def _uncapped_waiting(self, request, num_computed):
-    return request.num_tokens - num_computed
+def _uncapped_waiting(self, request, num_computed, padding=0):
+    return request.num_tokens - num_computed + padding
 
 
 @mutant("max_num_seqs_off_by_one", "at most max_num_seqs requests run", SCHEDULER,
@@ -618,11 +618,11 @@ _waiting_tokens = rsched.Scheduler.waiting_tokens
 @mutant("set_aside_before_threshold",
         "with chunked prefill off, the whole-prompt test sees the threshold-capped count",
         SCHEDULER, replaces=(rsched.Scheduler, "waiting_grant"), applies=chunked_off_threshold)
-def _whole_prompt_test_first(self, request, num_computed, plan):
-    uncapped = request.num_tokens - num_computed
+def _whole_prompt_test_first(self, request, num_computed, plan, padding=0):
+    uncapped = request.num_tokens - num_computed + padding
     if self.sets_aside(uncapped, plan):
         return None
-    return min(_waiting_tokens(self, request, num_computed), plan.token_budget)
+    return min(_waiting_tokens(self, request, num_computed, padding), plan.token_budget)
 
 
 register("resumed_prompt_only", "a resumed request recomputes prompt and outputs", REQUEST,
@@ -902,7 +902,7 @@ def _ended_at_or_before(item, start, with_offset=False):
 
 @mutant("mm_later_hashing_from_first_item", "a later hashing looks only at the last item",
         KV_CACHE_UTILS, replaces=(rhash, "first_item_to_look_at"), applies=encoder_and_caching)
-def _always_from_the_first_item(items, start):
+def _always_from_the_first_item(items, start, every_item=False, with_offset=False):
     return 0
 
 
@@ -953,7 +953,7 @@ def _held_until_finished(request, num_computed, cache, **kw):
 
 @mutant("chunked_mm_input_allowed", "with disable_chunked_mm_input a placeholder is computed "
         "in one step", SCHEDULER, replaces=(rencin, "cut_to_whole_item"), applies=chunked_mm_off)
-def _never_cut_to_whole(item, num_computed, range_end):
+def _never_cut_to_whole(item, num_computed, range_end, from_its_start=False):
     return False
 
 
@@ -1227,7 +1227,8 @@ def _unfinished_only(self):
         "vllm/v1/attention/backends/flash_attn.py",
         replaces=(rkvs, "flash_attention_shape"),
         applies=lambda s: s.config.kv_cache_memory_bytes is not None)
-def _flash_layout_always(num_blocks, block_size, num_kv_heads, head_size, pages_first=False):
+def _flash_layout_always(num_blocks, block_size, num_kv_heads, head_size, pages_first=False,
+                         kv_in_last_dim=False):
     return rkvs.kv_cache_tensor_shape(num_blocks, block_size, num_kv_heads, head_size)
 
 
@@ -1351,8 +1352,37 @@ _CHANGE_MODULES = {
     "mm_hash_keys_carry_the_offset": KV_CACHE_UTILS,
     "loaded_preempted_request_resumes": SCHEDULER,
     "failed_admission_lets_go_of_encoder_inputs": SCHEDULER,
+    "hybrid_hit_searched_until_groups_agree": KV_CACHE_COORDINATOR,
+    "hybrid_eagle_drop_once_per_group": KV_CACHE_COORDINATOR,
     "aborted_load_keeps_pages_until_done": SCHEDULER,
     "eagle_whole_item_cut_one_token_earlier": SCHEDULER,
+    "kv_packed_in_last_dim": "vllm/v1/attention/backends/flash_attn.py",
+    "prefix_stats_counted_at_admission": SCHEDULER,
+    "no_caching_frees_to_the_tail": BLOCK_POOL,
+    "async_load_leaves_room_for_prefills": SCHEDULER,
+    "connector_finish_sees_computed_pages": SCHEDULER,
+    "window_admission_capped": SINGLE_TYPE,
+    "passed_over_victim_keeps_the_pass": SCHEDULER,
+    "lone_group_must_divide_block_size": KV_CACHE_COORDINATOR,
+    "recached_outputs_not_freed": "vllm/v1/core/encoder_cache_manager.py",
+    "window_frees_wait_for_outputs": KV_CACHE_MANAGER,
+    "window_cap_counts_batches_in_flight": "vllm/config/vllm.py",
+    "new_decode_padded_with_drafts": SCHEDULER,
+    "decode_padding_leaves_room_to_sample": SCHEDULER,
+    "padding_without_running_requests": SCHEDULER,
+    "threshold_lifted_for_a_lone_request": SCHEDULER,
+    "external_hit_ignored_without_prefix_reads": SCHEDULER,
+    "later_hashing_sees_every_item": KV_CACHE_UTILS,
+    "page_holders_wait_first": SCHEDULER,
+    "lora_slots_held_by_every_running_request": SCHEDULER,
+    "priority_self_preemption_goes_on": SCHEDULER,
+    "encoder_cut_sets_aside": SCHEDULER,
+    "outputs_update_the_cache_at_once": SCHEDULER,
+    "eagle_hashes_cover_the_next_token": KV_CACHE_UTILS,
+    "threshold_needs_chunked_prefill": SCHEDULER,
+    "unchunked_mm_prompt_not_split": SCHEDULER,
+    "grammar_keeps_first_invalid_draft": "vllm/v1/structured_output/__init__.py",
+    "encoder_cuts_at_the_item": SCHEDULER,
 }
 
 
@@ -1382,11 +1412,43 @@ _CHANGE_APPLIES = {
     "async_load_counts_tokens_at_once": connector_async,
     "loaded_preempted_request_resumes": connector_async,
     "failed_admission_lets_go_of_encoder_inputs": encoder,
+    "hybrid_hit_searched_until_groups_agree": lambda s: hybrid_caching(s) and eagle(s),
+    "hybrid_eagle_drop_once_per_group": lambda s: hybrid_caching(s) and eagle(s),
     "aborted_load_keeps_pages_until_done": lambda s: connector_async(s) and any(
         r.abort_step is not None for r in s.requests),
     "eagle_whole_item_cut_one_token_earlier": lambda s: chunked_mm_off(s) and s.config.uses_eagle,
+    "kv_packed_in_last_dim": lambda s: s.config.kv_cache_memory_bytes is not None,
+    "prefix_stats_counted_at_admission": stats_caching,
+    "no_caching_frees_to_the_tail": lambda s: not caching(s),
+    "async_load_leaves_room_for_prefills": connector_async,
+    "connector_finish_sees_computed_pages": connector,
+    "window_admission_capped": lambda s: sliding(s) or chunked_local(s),
+    "passed_over_victim_keeps_the_pass": priority,
+    "lone_group_must_divide_block_size": lambda s: s.config.kv_cache_groups is not None
+    and len(s.config.kv_cache_groups) == 1,
+    "recached_outputs_not_freed": encoder,
+    "window_frees_wait_for_outputs": lambda s: (sliding(s) or chunked_local(s))
+    and batch_queue(s),
+    "window_cap_counts_batches_in_flight": lambda s: (sliding(s) or chunked_local(s))
+    and batch_queue(s),
+    "new_decode_padded_with_drafts": drafts,
+    "decode_padding_leaves_room_to_sample": drafts,
     "connector_told_whole_table": connector,
     "null_pages_never_cached": lambda s: sliding_caching(s) or chunked_local_caching(s),
+    "padding_without_running_requests": drafts,
+    "threshold_lifted_for_a_lone_request": threshold,
+    "external_hit_ignored_without_prefix_reads": lambda s: connector_loads(s) and any(
+        r.prompt_logprobs is not None for r in s.requests),
+    "later_hashing_sees_every_item": encoder_and_caching,
+    "lora_slots_held_by_every_running_request": lora,
+    "priority_self_preemption_goes_on": priority,
+    "encoder_cut_sets_aside": encoder,
+    "outputs_update_the_cache_at_once": lambda s: drafts(s) or batch_queue(s),
+    "eagle_hashes_cover_the_next_token": eagle_and_caching,
+    "threshold_needs_chunked_prefill": chunked_off_threshold,
+    "unchunked_mm_prompt_not_split": lambda s: encoder(s) and chunked_off(s),
+    "grammar_keeps_first_invalid_draft": grammar_drafts,
+    "encoder_cuts_at_the_item": encoder,
 }
 
 #: The rule report (harness.reach) runs the reference once per stream for each release its
