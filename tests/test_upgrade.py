@@ -316,6 +316,18 @@ class TestShims:
         compat.request_block_hasher(16, hash, types.SimpleNamespace())
         assert calls[-1] == (16, hash) and compat.DETECTED == []
 
+    def test_the_pool_is_sized_with_the_global_groups_where_vllm_plans_with_them(
+            self, compat, monkeypatch):
+        import sys
+        calls = []
+        planning = types.SimpleNamespace(
+            get_global_kv_cache_groups=lambda vc, specs: ("groups of", vc),
+            get_kv_cache_configs=lambda *args: calls.append(args) or ["config"])
+        monkeypatch.setitem(sys.modules, "vllm.v1.core.kv_cache_planning", planning)
+        assert compat.kv_cache_configs("vc", [{}], [1024]) == ["config"]
+        assert calls == [("vc", [{}], [1024], ("groups of", "vc"))]
+        assert "get_kv_cache_configs in kv_cache_planning, with the global groups" in compat.DETECTED
+
     def test_the_speculative_stand_in_drafts_in_parallel_as_vllm_says(self):
         """0.33.0's ``VllmConfig`` reads ``parallel_drafting``: vLLM sets it for dflash
         and dspark only."""

@@ -67,7 +67,6 @@ from vllm.pooling_params import PoolingParams  # noqa: E402
 from vllm.sampling_params import SamplingParams, StructuredOutputsParams  # noqa: E402
 from vllm.v1.core.kv_cache_utils import init_none_hash  # noqa: E402
 from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend  # noqa: E402
-from vllm.v1.core import kv_cache_utils as ku  # noqa: E402
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import (ChunkedLocalAttentionSpec,  # noqa: E402
@@ -431,7 +430,7 @@ def pages_from_memory(c: Config) -> int:
     model_max, mc.max_model_len = mc.max_model_len, c.max_model_len
     try:
         compat.resolve_kv_cache_layout(vc, layer_specs(vc).values())
-        (config,) = ku.get_kv_cache_configs(vc, [layer_specs(vc)], [c.kv_cache_memory_bytes])
+        (config,) = compat.kv_cache_configs(vc, [layer_specs(vc)], [c.kv_cache_memory_bytes])
     finally:
         mc.max_model_len = model_max
     return config.num_blocks

@@ -23,6 +23,7 @@ difference was first seen; ``DETECTED`` lists the ones this vLLM needed.
 | ``FullAttentionSpec.max_memory_usage_bytes`` reads | ``decode_context_parallel_size`` | also ``prefill_context_parallel_size`` (0.12.0) |
 | ``RequestStatus.WAITING_FOR_FSM`` | its name | ``WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR`` (0.19.0): traced under the old name |
 | ``Request(structured_output_request=)`` | given by the caller | built from ``SamplingParams`` (0.11.1) |
+| ``get_kv_cache_configs`` | ``kv_cache_utils``, three arguments | ``kv_cache_planning``, with ``get_global_kv_cache_groups``'s groups (0.33.0) |
 | structured-output ids and bitmask | in ``SchedulerOutput`` (a dict: batch index) | ``Scheduler.get_grammar_bitmask()`` after ``schedule()`` (a list, 0.11.1) |
 | ``SchedulerConfig.async_scheduling`` default | False | None, which ``VllmConfig`` turns on (0.14.0; on a CPU too in 0.34.0): always given as the stream's bool, and checked |
 | ``ModelConfig.supports_multimodal_inputs`` | not read | read by the scheduler instead of its registry (0.31.0): answered as the registry stand-in while the scheduler starts |
@@ -687,3 +688,22 @@ def flash_attention_kv_shape(num_blocks: int, spec) -> tuple[int, ...] | None:
         return None
     *outer, content = compute_layer_kv_cache_shape_bytes(spec, num_blocks)
     return (*outer, content // spec.dtype.itemsize)
+
+
+def kv_cache_configs(vllm_config, specs: list[dict], memory: list[int]) -> list:
+    """vLLM's start-up sizing of the KV pool from memory, as EngineCore calls it.
+
+    From 0.33.0 ``get_kv_cache_configs`` lives in ``kv_cache_planning`` and takes the
+    model's global KV cache groups, which EngineCore computes first with
+    ``get_global_kv_cache_groups``."""
+    try:
+        from vllm.v1.core import kv_cache_planning as planning
+    except ImportError:
+        planning = None
+    if planning is not None and hasattr(planning, "get_global_kv_cache_groups"):
+        _note("get_kv_cache_configs in kv_cache_planning, with the global groups")
+        groups = planning.get_global_kv_cache_groups(vllm_config, specs)
+        return planning.get_kv_cache_configs(vllm_config, specs, memory, groups)
+    from vllm.v1.core import kv_cache_utils
+    return kv_cache_utils.get_kv_cache_configs(vllm_config, specs, memory)
+

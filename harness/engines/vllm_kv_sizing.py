@@ -183,7 +183,7 @@ class VllmKVSizing:
         """What ``get_kv_cache_configs`` makes of ``budget`` bytes, and what follows from it."""
         vc = self._vllm_config(model_dtype, cache_dtype, block_size, max_model_len, override)
         specs = self._specs(num_layers, block_size, heads, head_size, model_dtype, cache_dtype)
-        (cfg,) = ku.get_kv_cache_configs(vc, [specs], [budget])
+        (cfg,) = compat.kv_cache_configs(vc, [specs], [budget])
         page = next(iter(specs.values())).page_size_bytes
         out = {
             "num_blocks": cfg.num_blocks,
@@ -212,7 +212,7 @@ class VllmKVSizing:
         vc = self._vllm_config(model_dtype, cache_dtype, block_size, max_model_len)
         specs = self._specs(num_layers, block_size, heads, head_size, model_dtype, cache_dtype)
         try:
-            ku.get_kv_cache_configs(vc, [specs], [budget])
+            compat.kv_cache_configs(vc, [specs], [budget])
         except ValueError as exc:
             return str(exc)
         finally:
@@ -324,7 +324,7 @@ class VllmKVSizing:
             finally:
                 vc.model_config.max_model_len = max_model_len
             try:
-                (cfg,) = ku.get_kv_cache_configs(vc, [dict(specs)], [budget])
+                (cfg,) = compat.kv_cache_configs(vc, [dict(specs)], [budget])
             except ValueError as exc:
                 row["error"] = ("cannot unify" if "failed to convert" in str(exc)
                                 else "not enough memory")
