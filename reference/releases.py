@@ -248,14 +248,15 @@ CHANGES: tuple[RuleChange, ...] = (
         "that block (half of quirks.MM_HASH_ON_BLOCK_AFTER_A_LATER_HASHING is gone; a later "
         "hashing still looks at the last item only)."),
     RuleChange(
-        "window_admission_capped", "0.20.2", "",
+        "window_admission_capped", "0.20.0", "",
         "The whole-sequence admission test (admission_reserves_whole_sequence) counts a "
         "sliding-window or chunked-local group's pages up to the most one request can hold "
         "at once: its window's earlier tokens (sliding_window - 1) plus a step's budget, "
         "one page more, or a chunk plus a step's budget, never more than max_model_len's "
         "pages.  The same count is used for the pages a prefill under way still needs "
         "(async_load_leaves_room_for_prefills).  Found by the 0.26.0 campaign (seed 1); "
-        "0.20.1's scheduler has no cap, 0.20.2's has it."),
+        "0.20.0 and 0.20.1 apply the cap to every allocation, not only at admission "
+        "(not modelled; stream window_admission_capped shows both alike)."),
     RuleChange(
         "waiting_stats_count_set_aside_apart", "0.20.0", "",
         "Scheduler stats: num_waiting_reqs counts the waiting queue only; the requests "
