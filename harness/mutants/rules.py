@@ -1195,10 +1195,10 @@ def _new_pages_only(self, request, hit, new_blocks, num_external):
         replaces=(rkv.KVCacheManager, "allocate_slots"), applies=connector_async_caching)
 def _cache_before_load(self, request, num_new_tokens, num_new_computed_tokens=0,
                        new_computed_blocks=None, num_lookahead_tokens=0, delay_caching=False,
-                       num_external_tokens=0):
+                       num_external_tokens=0, **more):
     return _allocate_slots(self, request, num_new_tokens, num_new_computed_tokens,
                            new_computed_blocks, num_lookahead_tokens,
-                           num_external_tokens=num_external_tokens)
+                           num_external_tokens=num_external_tokens, **more)
 
 
 _allocate_slots = rkv.KVCacheManager.allocate_slots
