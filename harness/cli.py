@@ -671,8 +671,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--floor", type=positive_int, default=20,
                    help="exit 1 when a rule is reached by fewer streams (default 20)")
     r.add_argument("--quick", action="store_true",
-                   help="stop counting a rule for a property at the floor: the floor check "
-                        "is the same, the counts are capped, the run is much shorter")
+                   help="the properties one after another, a rule no longer judged once "
+                        "the streams so far reached it --floor times: the floor check is "
+                        "the same, the counts are cut at the floor, the run much shorter")
     r.add_argument("--every-run", action="store_true",
                    help="run each mutant on every stream it applies to, also where the "
                         "watched run did not decide its rule (the same counts, far slower: "

@@ -18,6 +18,7 @@ The default is ``ci`` when hypothesis itself detects a CI system (``CI``,
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from hypothesis import HealthCheck, Phase, settings
@@ -111,3 +112,16 @@ def load(name: str | None = None) -> str:
         raise ValueError(f"--profile: unknown profile {name!r} ({', '.join(PROFILES)})")
     settings.load_profile(name)
     return name
+
+
+@contextlib.contextmanager
+def loaded(name: str):
+    """``name`` loaded for the block, and the profile loaded before it back after it (a
+    report built inside a test must not leave that test's worker on another profile)."""
+    register()
+    before = settings.get_current_profile_name()
+    load(name)
+    try:
+        yield
+    finally:
+        settings.load_profile(before)

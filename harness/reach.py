@@ -223,20 +223,30 @@ class Reach:
 
 
 def reach_of_property(prop: Property, rules: list[Rule], examples: int | None = None,
-                      enough: int | None = None, skip_undecided: bool = True) -> Reach:
+                      enough: int | None = None, skip_undecided: bool = True,
+                      so_far: "Reach | None" = None) -> Reach:
     """The reach of one property's streams under the loaded profile (as its test sees them).
 
-    With ``enough``, a rule that this property's streams have reached ``enough`` times is
-    no longer judged: its count stops there.  A floor check stays exact (a total below the
-    floor is made of counts that were never cut) and costs far fewer runs, since most rules
-    are reached within a property's first few dozen streams.
+    With ``enough``, a rule that has been reached ``enough`` times is no longer judged:
+    its count stops there.  Reached where: by this property's streams, plus those counted
+    in ``so_far`` (the properties before it, when the report runs them one after
+    another).  A property's own targets stay judged until it reaches them once.  A floor
+    check stays exact (a total below the floor is made of counts that were never cut) and
+    costs far fewer runs, since most rules are reached within the first few dozen streams.
     """
     result = Reach([r.name for r in rules if r.mutant.checked_by == "streams"])
+    before = so_far.counts if so_far is not None else Counter()
+
+    def judged(rule: Rule) -> bool:
+        if enough is None:
+            return True
+        if rule.name in prop.targets and result.counts[rule.name] == 0:
+            return True
+        return before[rule.name] + result.counts[rule.name] < enough
 
     def body(data):
-        live = rules if enough is None else [r for r in rules
-                                             if result.counts[r.name] < enough]
-        reached = rules_reached(parse_stream(data), live, skip_undecided)
+        reached = rules_reached(parse_stream(data), [r for r in rules if judged(r)],
+                                skip_undecided)
         for name in reached:
             event(f"reaches {name}")
         result.add(reached, prop.name)
@@ -249,21 +259,28 @@ def reach_of_property(prop: Property, rules: list[Rule], examples: int | None = 
 
 
 def _reach_in_worker(profile: str, prop_name: str, rule_names: list[str],
-                     examples: int | None, enough: int | None, skip_undecided: bool) -> Reach:
+                     examples: int | None, skip_undecided: bool) -> Reach:
     profiles.load(profile)
     rules = [r for r in named_rules() if r.name in rule_names]
-    return reach_of_property(by_name(prop_name), rules, examples, enough, skip_undecided)
+    return reach_of_property(by_name(prop_name), rules, examples,
+                             skip_undecided=skip_undecided)
 
 
 def reach_of_profile(profile: str = "ci", properties: Iterable[Property] | None = None,
                      rule_names: Iterable[str] | None = None, examples: int | None = None,
                      workers: int | None = None, enough: int | None = None,
                      skip_undecided: bool = True) -> Reach:
-    """Every property's streams under ``profile``, one worker process per property
-    (at most ``workers``, default the CPU count); counts add up the same in any order.
-    ``enough``: stop counting a rule for a property once it has that many streams
-    (see :func:`reach_of_property`).  ``skip_undecided=False``: every mutant runs on every
-    stream it applies to (the check that skipping the undecided ones changes no count)."""
+    """Every property's streams under ``profile``; counts add up the same in any order.
+
+    Without ``enough``, one worker process per property (at most ``workers``, default
+    the CPU count).  With ``enough`` (the floor check), or with one worker, the
+    properties run one after another in this process, in their order, and a rule is no
+    longer judged once the streams so far have reached it ``enough`` times (see
+    :func:`reach_of_property`): each count is the full one cut at ``enough``, plus at
+    most one per property that targets the rule, and the same on every run.
+    ``skip_undecided=False``: every mutant runs on every stream it applies to (the check
+    that skipping the undecided ones changes no count).
+    """
     props = list(PROPERTIES if properties is None else properties)
     wanted = set(rule_names) if rule_names is not None else None
     rules = [r for r in named_rules() if wanted is None or r.name in wanted]
@@ -272,17 +289,18 @@ def reach_of_profile(profile: str = "ci", properties: Iterable[Property] | None 
     for p in props:
         total.by_property[p.name] = Counter()
     workers = workers or os.cpu_count() or 1
-    if workers == 1 or len(props) == 1:
-        for p in props:
-            total.merge(_reach_in_worker(profile, p.name, names, examples, enough,
-                                         skip_undecided))
+    if enough is not None or workers == 1 or len(props) == 1:
+        with profiles.loaded(profile):
+            for p in props:
+                total.merge(reach_of_property(p, rules, examples, enough, skip_undecided,
+                                              so_far=total))
         return total
     context = multiprocessing.get_context("spawn")  # no fork after torch may be loaded
     workers = min(workers, len(props))
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
         # The properties with the most streams first, so that no worker is left with a
         # long one at the end while the others idle.
-        futures = [pool.submit(_reach_in_worker, profile, p.name, names, examples, enough,
+        futures = [pool.submit(_reach_in_worker, profile, p.name, names, examples,
                                skip_undecided)
                    for p in sorted(props, key=lambda p: -p.scale)]
         for f in futures:

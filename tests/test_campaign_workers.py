@@ -101,12 +101,24 @@ def same_campaign(a: dict) -> dict:
     return {k: v for k, v in a.items() if k not in ("seconds", "workers")}
 
 
+#: Two chunks of the campaign (CHUNK_STREAMS and 10): enough for two workers to share.
+CAMPAIGN = ("--examples", str(CHUNK_STREAMS + 10), "--seed", "21")
+
+
+@pytest.fixture(scope="module")
+def one_worker(tmp_path_factory):
+    """The campaign on one worker, to hold the other runners to (its tests share a worker)."""
+    one, _ = fuzz(tmp_path_factory.mktemp("one"), *CAMPAIGN, "--workers", "1")
+    assert one["outcome"] == "clean" and one["streams_checked"] == CHUNK_STREAMS + 10
+    return one
+
+
 @pytest.mark.slow  # campaigns on several workers, under pytest, on Ray
 @pytest.mark.needs_vllm
-def test_two_workers_check_the_same_streams_as_one(tmp_path):
-    one, _ = fuzz(tmp_path, "--examples", "100", "--seed", "21", "--workers", "1")
-    two, _ = fuzz(tmp_path, "--examples", "100", "--seed", "21", "--workers", "2")
-    assert one["outcome"] == "clean" and one["streams_checked"] == 100
+@pytest.mark.xdist_group("one_worker_campaign")
+def test_two_workers_check_the_same_streams_as_one(tmp_path, one_worker):
+    one = one_worker
+    two, _ = fuzz(tmp_path, *CAMPAIGN, "--workers", "2")
     assert same_campaign(one) == same_campaign(two)
     assert (one["workers"], two["workers"]) == ("1", "2")
 
@@ -129,12 +141,12 @@ def test_two_workers_keep_the_same_counterexample_as_one_under_a_mutant(tmp_path
 
 @pytest.mark.slow  # campaigns on several workers, under pytest, on Ray
 @pytest.mark.needs_vllm
-def test_ray_checks_the_same_streams_as_one_worker(tmp_path):
+@pytest.mark.xdist_group("one_worker_campaign")
+def test_ray_checks_the_same_streams_as_one_worker(tmp_path, one_worker):
     pytest.importorskip("ray", reason="Ray comes with vLLM; without it --ray is not available")
-    one, _ = fuzz(tmp_path, "--examples", "100", "--seed", "21", "--workers", "1")
-    on_ray, _ = fuzz(tmp_path, "--examples", "100", "--seed", "21", "--ray")
+    on_ray, _ = fuzz(tmp_path, *CAMPAIGN, "--ray")
     assert on_ray["workers"] == "ray"
-    assert same_campaign(one) == same_campaign(on_ray)
+    assert same_campaign(one_worker) == same_campaign(on_ray)
 
 
 @pytest.mark.slow  # campaigns on several workers, under pytest, on Ray

@@ -7,13 +7,16 @@ module-level ``FIXED_IN`` names the first release where it no longer shows (``No
 release fixes it yet), and ``SINCE``, where a script has it, the first release where it
 shows (0.11.0 otherwise); the doc's per-release table says the same.  Here each script
 runs under this interpreter (so with a release overlay too, when one is on
-``PYTHONPATH``) and must give the outcome they state for the installed release.
+``PYTHONPATH``) and must give the outcome they state for the installed release; the
+scripts share one import of vLLM (harness.findings), and one of them also runs on its
+own to show that this changes nothing.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib.metadata
+import json
 import re
 import subprocess
 import sys
@@ -94,17 +97,40 @@ def test_each_script_stands_alone():
                         f"{script.name} imports {name}")
 
 
+@pytest.fixture(scope="module")
+def outcomes():
+    """Every script's run under this interpreter (with a release overlay too, when one is
+    on ``PYTHONPATH``), vLLM imported once for all (harness.findings)."""
+    proc = subprocess.run([sys.executable, "-m", "harness.findings", *map(str, SCRIPTS)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
 @pytest.mark.needs_vllm
 @pytest.mark.slow
+@pytest.mark.xdist_group("findings")  # one worker imports vLLM once for every script
 @pytest.mark.parametrize("script", SCRIPTS, ids=[s.stem for s in SCRIPTS])
-def test_script_outcome_matches_the_installed_release(script):
+def test_script_outcome_matches_the_installed_release(script, outcomes):
     installed = importlib.metadata.version("vllm")
     expected = expected_outcome(installed, fixed_in(script), since(script))
-    proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
-    lines = [m for m in map(LINE.match, proc.stdout.splitlines()) if m]
-    assert len(lines) == 1, f"{script.name}: {proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+    ran = outcomes[script.name]
+    lines = [m for m in map(LINE.match, ran["stdout"].splitlines()) if m]
+    assert len(lines) == 1, f"{script.name}: {ran['stdout'][-2000:]}{ran['stderr'][-2000:]}"
     outcome, version = lines[0].group(1), lines[0].group(2)
     assert version == installed
-    assert outcome == expected, f"{script.name} on vLLM {installed}: {proc.stdout[-1500:]}"
-    assert proc.returncode == (1 if outcome == "DEFECT" else 0), proc.stderr[-2000:]
+    assert outcome == expected, f"{script.name} on vLLM {installed}: {ran['stdout'][-1500:]}"
+    assert ran["returncode"] == (1 if outcome == "DEFECT" else 0), ran["stderr"][-2000:]
+
+
+@pytest.mark.needs_vllm
+@pytest.mark.slow
+def test_a_script_runs_the_same_on_its_own():
+    """The forked runner gives what ``python <script>`` gives (one script, run both ways)."""
+    script = FINDINGS_DIR / "null_page_cached.py"
+    alone = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True,
+                           text=True, timeout=300)
+    forked = subprocess.run([sys.executable, "-m", "harness.findings", str(script)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    ran = json.loads(forked.stdout.splitlines()[-1])[script.name]
+    assert (ran["returncode"], ran["stdout"]) == (alone.returncode, alone.stdout)

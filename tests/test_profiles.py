@@ -78,3 +78,14 @@ def test_cli_fuzz_uses_the_profile(monkeypatch):
         assert (r.profile, r.examples, r.stats.counts["streams"]) == ("nightly", 2, 2)
     finally:
         profiles.load(before)
+
+
+def test_a_profile_loaded_for_a_block_is_unloaded_after_it():
+    """A report built inside a test (the rule report) leaves the test's profile loaded."""
+    from hypothesis import settings
+    profiles.register()
+    before = settings.get_current_profile_name()
+    other = "nightly" if before != "nightly" else "ci"
+    with profiles.loaded(other):
+        assert settings.get_current_profile_name() == other
+    assert settings.get_current_profile_name() == before
