@@ -8,7 +8,7 @@ release fixes it yet), and ``SINCE``, where a script has it, the first release w
 shows (0.11.0 otherwise); the doc's per-release table says the same.  Here each script
 runs under this interpreter (so with a release overlay too, when one is on
 ``PYTHONPATH``) and must give the outcome they state for the installed release; the
-scripts share one import of vLLM (harness.findings), and one of them also runs on its
+scripts share one import of vLLM (harness.engines.findings), and one of them also runs on its
 own to show that this changes nothing.
 """
 
@@ -100,8 +100,8 @@ def test_each_script_stands_alone():
 @pytest.fixture(scope="module")
 def outcomes():
     """Every script's run under this interpreter (with a release overlay too, when one is
-    on ``PYTHONPATH``), vLLM imported once for all (harness.findings)."""
-    proc = subprocess.run([sys.executable, "-m", "harness.findings", *map(str, SCRIPTS)],
+    on ``PYTHONPATH``), vLLM imported once for all (harness.engines.findings)."""
+    proc = subprocess.run([sys.executable, "-m", "harness.engines.findings", *map(str, SCRIPTS)],
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.splitlines()[-1])
@@ -130,7 +130,7 @@ def test_a_script_runs_the_same_on_its_own():
     script = FINDINGS_DIR / "null_page_cached.py"
     alone = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True,
                            text=True, timeout=300)
-    forked = subprocess.run([sys.executable, "-m", "harness.findings", str(script)],
+    forked = subprocess.run([sys.executable, "-m", "harness.engines.findings", str(script)],
                             cwd=ROOT, capture_output=True, text=True, timeout=300)
     ran = json.loads(forked.stdout.splitlines()[-1])[script.name]
     assert (ran["returncode"], ran["stdout"]) == (alone.returncode, alone.stdout)

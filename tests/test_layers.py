@@ -18,7 +18,7 @@ from harness.paths import ROOT
 LAYERS: list[tuple[str, ...]] = [
     # foundations: files and atomic writes, the mutant record, named divergences, counters,
     # hypothesis profiles
-    ("paths", "patches", "stats", "profiles", "text"),
+    ("paths", "patches", "stats", "profiles", "text", "engines.findings"),
     # side environments of other vLLM releases (no vLLM import); the sites of rules a run goes through
     ("sideenv", "decided"),
     # the input format; the reference's mutants (they patch only the reference)

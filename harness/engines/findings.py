@@ -1,7 +1,7 @@
 """Run the finding scripts of ``docs/findings/`` against the installed vLLM, importing it once.
 
 Each script is standalone (``python docs/findings/<finding>.py``) and spends most of its
-time importing vLLM.  ``python -m harness.findings SCRIPT...`` sets the environment the
+time importing vLLM.  ``python -m harness.engines.findings SCRIPT...`` sets the environment the
 scripts set for themselves (offline, quiet), imports vLLM once, and then runs each script
 in a child forked from that process, as ``__main__``, with its own stdout and stderr: the
 script sees the same modules it would have imported itself, and nothing a previous script
