@@ -295,6 +295,7 @@ def test_full_disk_under_o_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys)
     assert not list((tmp_path / "out").iterdir())
 
 
+@pytest.mark.slow
 def test_unknown_mutant_is_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HARNESS_MUTANT", "no_such_mutant")
     assert main(["replay"]) == 2

@@ -41,6 +41,7 @@ def test_the_reference_served_over_the_protocol_replays_every_recorded_trace():
     assert proc.stdout.splitlines()[-1] == f"{bundled} match, 0 do not"
 
 
+@pytest.mark.slow
 def test_an_engine_gives_the_same_report_through_the_pipe_as_in_process():
     here = harness("replay", "--engine", EXAMPLE)
     spec = f"cmd:{PYTHON} -m harness serve {EXAMPLE}"

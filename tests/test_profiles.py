@@ -56,6 +56,7 @@ def _pytest_header(*args: str, env: dict[str, str]) -> str:
     return next(line for line in proc.stdout.splitlines() if line.startswith("hypothesis profile:"))
 
 
+@pytest.mark.slow  # a pytest run in a fresh process each
 @pytest.mark.parametrize("args, extra_env, expected", [
     ((), {}, "hypothesis profile: dev (50 examples"),
     ((), {"GITHUB_ACTIONS": "true"}, "hypothesis profile: ci (250 examples"),

@@ -95,6 +95,7 @@ def test_each_rule_change_is_shown_by_a_recorded_trace_of_its_first_release():
         assert shown, f"{first}: no recorded trace shows {change.name}"
 
 
+@pytest.mark.slow
 def test_the_changelog_page_is_written_from_the_releases():
     """docs/upgrades/changelog.md is what ``python -m harness changelog`` writes now."""
     from harness import changelog

@@ -464,6 +464,7 @@ def test_the_report_names_the_old_release_in_its_stream_table_after_an_example()
     assert "| stream | vs 0.11.0 | cause | reference (0.25.1 rules) |" in text.splitlines()
 
 
+@pytest.mark.slow
 @pytest.mark.needs_vllm
 def test_the_campaign_is_the_same_on_one_process_and_on_forked_workers():
     """Chunked as harness.chunks cuts a fuzz campaign: the same streams, counters and

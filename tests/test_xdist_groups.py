@@ -13,6 +13,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 GROUPED = '''
 import pytest
 
@@ -36,6 +38,7 @@ def test_e():
 '''
 
 
+@pytest.mark.slow
 def test_an_xdist_group_runs_on_one_worker(tmp_path):
     (tmp_path / "test_grouped.py").write_text(GROUPED)
     done = subprocess.run(
