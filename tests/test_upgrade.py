@@ -483,3 +483,35 @@ def test_the_campaign_is_the_same_on_one_process_and_on_forked_workers():
     assert runs[0] == runs[1]
     assert runs[0][0] + runs[0][1] == 60 and runs[0][3]["streams"] == 60
     assert runs[0][1] and runs[0][5]  # some streams differ, and their causes are named
+
+
+def test_a_stream_no_change_explains_alone_is_named_by_the_fewest_changes_that_do(monkeypatch):
+    """Four changes between the releases; the new trace needs `a` and `c` together and
+    does not care about `b` and `d`: the cause is (`a`, `c`), found with a run per change."""
+    from types import SimpleNamespace
+
+    from harness import upgrade
+
+    class Engine(SimpleNamespace):
+        def to_json(self):
+            return {"steps": [], "shows": {"a", "c"} <= self.rules}
+
+    runs = []
+
+    def fake_run(engine, stream):
+        runs.append(engine.rules)
+        return engine
+
+    monkeypatch.setattr(upgrade, "run", fake_run)
+    monkeypatch.setattr(upgrade, "first_divergence", lambda x, y: None if x == y else "differs")
+    checker = object.__new__(upgrade.Checker)
+    checker.candidates = ["a", "b", "c", "d", "e"]
+    checker.base = Engine(rules=frozenset({"e"}))
+    checker.target = Engine(rules=frozenset({"a", "b", "c", "d", "e"}))
+    checker._with = {}
+    checker.base_with = lambda changes: Engine(rules=checker.base.rules ^ frozenset(changes))
+    checker._single = {n: checker.base_with({n}) for n in checker.candidates}
+    new = {"steps": [], "shows": True}
+    old = checker.base.to_json()
+    assert checker.cause_of(None, new, old, checker.target.to_json()) == ("a", "c")
+    assert len(runs) == 4 + 4  # each change alone, then each left out once
