@@ -80,6 +80,8 @@ class EncoderCacheManager:
         self.freeable: dict[str, int] = {}
         # Hashes evicted since the worker was last told.
         self.freed: list[str] = []
+        # Every entry still in the cache -> the length it was first taken with.
+        self.lengths: dict[str, int] = {}
 
     # -- looking up --------------------------------------------------------------
 
@@ -143,6 +145,7 @@ class EncoderCacheManager:
             mm_hash = next(iter(self.freeable))
             self.num_free_slots += self.freeable.pop(mm_hash)
             del self.holders[mm_hash]
+            self.lengths.pop(mm_hash, None)
             self.freed.append(mm_hash)
 
     def allocate(self, request: HasEncoderInputs, input_id: int) -> None:
@@ -156,6 +159,7 @@ class EncoderCacheManager:
         if num_tokens > self.num_free_slots or num_tokens > self.num_freeable_slots:
             raise AssertionError(f"no room for {mm_hash}: can_allocate was not asked first")
         self.holders.setdefault(mm_hash, set()).add(request.request_id)
+        self.lengths.setdefault(mm_hash, num_tokens)
         self.num_free_slots -= num_tokens
         self.num_freeable_slots -= num_tokens
 

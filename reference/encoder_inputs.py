@@ -63,6 +63,13 @@ def tokens_before(item: EncoderInput, num_computed_tokens: int) -> int:
     return max(item.offset - num_computed_tokens, 0)
 
 
+def length_mismatch(item: EncoderInput, hashes_to_encode: dict[str, int],
+                    cache: EncoderCacheManager) -> bool:
+    """The item's hash is encoded this step, or cached, with another length than its own."""
+    known = hashes_to_encode.get(item.mm_hash, cache.lengths.get(item.mm_hash))
+    return known is not None and known != item.length
+
+
 def try_schedule_encoder_inputs(
     request: HasEncoderInputs,
     num_computed_tokens: int,
@@ -76,6 +83,7 @@ def try_schedule_encoder_inputs(
     encode_ahead: bool = True,
     whole_item_lookahead: int = 0,
     cut_at_item: bool = False,
+    rejected: list[str] | None = None,
 ) -> tuple[list[int], int, int]:
     """The items to encode this step, the tokens still granted, the budget left.
 
@@ -104,13 +112,18 @@ def try_schedule_encoder_inputs(
     that cannot run cuts the grant right before its placeholder, not ``lookahead``
     tokens earlier, and never lengthens it; and the whole-item cut also protects a
     placeholder the range starts at.
+    ``rejected`` (from 0.31.0: rule change ``encoder_length_mismatch_fails_request``):
+    an item whose hash the cache holds, or an earlier item of this step holds, with
+    another length is content the hash cannot stand for.  The request gets nothing this
+    step, the budget stays as it is at that item, and its id goes into ``rejected``,
+    for the scheduler to finish it with an error after the step's update.
     """
     items = request.encoder_inputs
     if num_new_tokens == 0 or not items:
         return [], num_new_tokens, encoder_compute_budget
 
     to_encode: list[int] = []
-    hashes_to_encode: set[str] = set()
+    hashes_to_encode: dict[str, int] = {}  # hash -> the length it is encoded with
     room_to_take = 0  # room of the items in to_encode, not allocated yet
     for i, item in enumerate(items):
         range_end = num_computed_tokens + num_new_tokens
@@ -122,6 +135,10 @@ def try_schedule_encoder_inputs(
         if already_in_kv(item, num_computed_tokens):
             continue
         if not is_encoder_decoder:
+            if rejected is not None and length_mismatch(item, hashes_to_encode, cache):
+                if request.request_id not in rejected:
+                    rejected.append(request.request_id)
+                return [], 0, encoder_compute_budget
             if item.mm_hash in hashes_to_encode:
                 continue  # the same content is encoded once per step
             if cache.check_and_update_cache(request, i):
@@ -141,7 +158,7 @@ def try_schedule_encoder_inputs(
             continue  # no placeholder position of it is computed this step
         room_to_take += item.length
         encoder_compute_budget -= item.length
-        hashes_to_encode.add(item.mm_hash)
+        hashes_to_encode[item.mm_hash] = item.length
         to_encode.append(i)
     return to_encode, num_new_tokens, encoder_compute_budget
 

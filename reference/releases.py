@@ -473,6 +473,14 @@ CHANGES: tuple[RuleChange, ...] = (
         "right at a placeholder and would end inside it is cut to nothing too.  Found by "
         "the 0.34.0 check of mm_eagle_reads_one_token_ahead (0.33.0's eagle streams were "
         "not driven)."),
+    RuleChange(
+        "encoder_length_mismatch_fails_request", "0.31.0", "#57696",
+        "Multimodal: an item whose hash the encoder cache holds, or an earlier item of the "
+        "same step holds, with another length gets its request nothing that step (the "
+        "encoder budget stays as it was at that item), and once the step's outputs are in "
+        "the request is finished with an error (FINISHED_ERROR), its pages freed.  0.30.0 "
+        "took the cached output of the other length.  Found by the 0.34.0 campaign: streams "
+        "reuse an image hash with another length, as a client reusing a UUID would."),
 )
 
 _BY_NAME = {c.name: c for c in CHANGES}

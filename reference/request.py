@@ -25,6 +25,7 @@ class RequestStatus(enum.IntEnum):
     FINISHED_STOPPED = 6
     FINISHED_LENGTH_CAPPED = 7
     FINISHED_ABORTED = 8
+    FINISHED_ERROR = 9  # from 0.31.0: an image's length does not match its cached output
 
     @property
     def is_finished(self) -> bool:

@@ -100,6 +100,8 @@ class Scheduler:
         # asynchronously (vLLM's _inflight_prefills; read from 0.23.0).
         self.inflight_prefills: dict[str, Request] = {}
         self.finished_req_ids: set[str] = set()
+        # From 0.31.0: requests an image's length mismatch stopped, to finish with an error.
+        self.encoder_mismatched: list[str] = []
         # KV cache events, one batch per step that had any (vLLM's publisher).
         self.published_kv_events: list[list[KVEvent]] = []
 
@@ -363,7 +365,9 @@ class Scheduler:
             encode_ahead=not self.config.has("eagle_lookahead_item_waits"),
             whole_item_lookahead=self.drafter_reads_ahead()
             if self.config.has("eagle_whole_item_cut_one_token_earlier") else 0,
-            cut_at_item=self.config.has("encoder_cuts_at_the_item"))
+            cut_at_item=self.config.has("encoder_cuts_at_the_item"),
+            rejected=self.encoder_mismatched
+            if self.config.has("encoder_length_mismatch_fails_request") else None)
 
     def drafter_reads_ahead(self) -> int:
         """Placeholders an eagle drafter reads past the granted range: from 0.12.0 one,
@@ -919,11 +923,20 @@ class Scheduler:
         if stopped_waiting:
             self.waiting.remove_all(stopped_waiting)
             self.set_aside_queue.remove_all(stopped_waiting)
+        self.fail_mismatched_requests()
         if self.connector is not None:
             self.take_transfers(finished_recving, finished_sending)
         if self.config.has("kv_events_published_after_update"):
             self.publish_kv_events()
         return self.make_stats(spec_decoding)
+
+    def fail_mismatched_requests(self) -> None:
+        """From 0.31.0 (encoder_length_mismatch_fails_request): the requests whose image
+        came with another length than the encoder output cached for its hash are
+        finished with an error once the step's outputs are in."""
+        failed, self.encoder_mismatched[:] = list(self.encoder_mismatched), []
+        if failed:
+            self.finish_requests(failed, RequestStatus.FINISHED_ERROR)
 
     def make_stats(self, spec_decoding: SpecDecodingStats | None) -> SchedulerStats:
         """The report that ends every update: the queues' lengths after it, the pool's

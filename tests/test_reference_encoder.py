@@ -487,3 +487,43 @@ def test_an_output_cached_again_is_not_freed_on_the_worker_from_0_28_0():
         allocated(s.encoder_cache, req("o", ["x"], [4]), 0)  # x is in the cache again
         s.encoder_cache.freed = ["x", "y"]  # both evicted earlier in the step
         assert s.schedule().free_encoder_mm_hashes == freed, rules
+
+
+# -- 0.31.0: a hash that comes back with another length --------------------------------
+
+def test_a_cached_hash_with_another_length_gets_the_request_nothing_and_names_it():
+    cache = EncoderCacheManager(20)
+    allocated(cache, req("r1", ["img"], [3]), 0)
+    r2 = req("r2", ["img"], [4], offsets=[1])
+    rejected: list[str] = []
+    assert try_schedule_encoder_inputs(r2, 0, 5, 7, cache, rejected=rejected) == ([], 0, 7)
+    assert rejected == ["r2"]
+    # Without the rule (up to 0.30.0) the cached output is taken, whatever its length.
+    assert try_schedule_encoder_inputs(r2, 0, 5, 7, cache) == ([], 5, 7)
+
+
+def test_an_earlier_item_of_the_step_with_another_length_rejects_too():
+    cache = EncoderCacheManager(20)
+    r = req("r1", ["img", "other", "img"], [2, 2, 3], offsets=[0, 2, 4])
+    rejected: list[str] = []
+    # The budget the first two items took stays taken.
+    assert try_schedule_encoder_inputs(r, 0, 8, 10, cache, rejected=rejected) == ([], 0, 6)
+    assert rejected == ["r1"]
+
+
+def test_the_same_length_is_no_mismatch_and_an_evicted_entry_is_forgotten():
+    cache = EncoderCacheManager(4)
+    first = req("r1", ["img"], [3])
+    allocated(cache, first, 0)
+    rejected: list[str] = []
+    assert try_schedule_encoder_inputs(req("r2", ["img"], [3]), 0, 3, 9, cache,
+                                       rejected=rejected) == ([], 3, 9)
+    cache.free(first)
+    cache.free(req("r2", ["img"], [3]))
+    third = req("r3", ["new"], [4])
+    allocated(cache, third, 0)  # evicts img
+    assert "img" not in cache.lengths
+    cache.free(third)
+    assert try_schedule_encoder_inputs(req("r4", ["img"], [2]), 0, 2, 9, cache,
+                                       rejected=rejected) == ([0], 2, 7)
+    assert rejected == []

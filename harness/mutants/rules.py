@@ -1383,6 +1383,7 @@ _CHANGE_MODULES = {
     "unchunked_mm_prompt_not_split": SCHEDULER,
     "grammar_keeps_first_invalid_draft": "vllm/v1/structured_output/__init__.py",
     "encoder_cuts_at_the_item": SCHEDULER,
+    "encoder_length_mismatch_fails_request": SCHEDULER,
 }
 
 
@@ -1449,6 +1450,7 @@ _CHANGE_APPLIES = {
     "unchunked_mm_prompt_not_split": lambda s: encoder(s) and chunked_off(s),
     "grammar_keeps_first_invalid_draft": grammar_drafts,
     "encoder_cuts_at_the_item": encoder,
+    "encoder_length_mismatch_fails_request": encoder,
 }
 
 #: The rule report (harness.reach) runs the reference once per stream for each release its
