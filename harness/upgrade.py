@@ -29,6 +29,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime
+import functools
 import json
 import multiprocessing
 import os
@@ -130,22 +131,26 @@ class Checker:
         d = first_divergence(new, old)
         if d is None:
             return None
-        active = [n for n in self.candidates if (n in self.target.rules) != (n in self.base.rules)]
-        for name in active:
+        for name in self.active:
             if first_divergence(new, run(self._single[name], stream).to_json()) is None:
                 return (name,)
         left = first_divergence(new, target)
         if left is None:
-            return self._fewest_that_explain(stream, new, active)
+            return self._fewest_that_explain(stream, new)
         # Grouped by what the release's known rules leave unexplained: the first field in
         # which the new vLLM differs from the reference with those rules, not from ``old``.
         return ("unexplained", left.field)
 
-    def _fewest_that_explain(self, stream: Stream, new: dict, active: list[str]) -> tuple[str, ...]:
-        """The changes in ``active``, all of which explain ``new``, less each one that the
-        others still explain without: a set none of whose changes can be left out."""
-        kept = list(active)
-        for name in active:
+    @functools.cached_property
+    def active(self) -> list[str]:
+        """The rule changes between the two releases, in the order of reference.releases."""
+        return [n for n in self.candidates if (n in self.target.rules) != (n in self.base.rules)]
+
+    def _fewest_that_explain(self, stream: Stream, new: dict) -> tuple[str, ...]:
+        """The changes between the releases, all of which explain ``new``, less each one
+        that the others still explain without: a set none of whose changes can be left out."""
+        kept = list(self.active)
+        for name in self.active:
             rest = [n for n in kept if n != name]
             if rest and first_divergence(new, run(self.base_with(set(rest)), stream).to_json()) is None:
                 kept = rest

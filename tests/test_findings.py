@@ -125,12 +125,11 @@ def test_script_outcome_matches_the_installed_release(script, outcomes):
 
 @pytest.mark.needs_vllm
 @pytest.mark.slow
-def test_a_script_runs_the_same_on_its_own():
+@pytest.mark.xdist_group("findings")
+def test_a_script_runs_the_same_on_its_own(outcomes):
     """The forked runner gives what ``python <script>`` gives (one script, run both ways)."""
     script = FINDINGS_DIR / "null_page_cached.py"
     alone = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True,
                            text=True, timeout=300)
-    forked = subprocess.run([sys.executable, "-m", "harness.engines.findings", str(script)],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300)
-    ran = json.loads(forked.stdout.splitlines()[-1])[script.name]
+    ran = outcomes[script.name]
     assert (ran["returncode"], ran["stdout"]) == (alone.returncode, alone.stdout)
