@@ -88,11 +88,13 @@ gpu-check: $(STAMP)
 	$(PY) -m harness gpu-check
 
 # make upgrade-check VLLM=0.19.0: that release against 0.11.0's rules (docs/upgrades/);
-# FROM=0.13.0: against that release instead (report docs/upgrades/0.13.0-to-0.19.0.md).
+# FROM=0.13.0: against that release instead (report docs/upgrades/0.13.0-to-0.19.0.md);
+# ARGS: more options of `python -m harness upgrade-check`, e.g. ARGS="--examples 500".
 FROM ?= 0.11.0
+ARGS ?=
 upgrade-check: $(STAMP)
 	@test -n "$(VLLM)" || { echo "error: VLLM: say which release, e.g. make upgrade-check VLLM=0.19.0" >&2; exit 2; }
-	$(PY) -m harness upgrade-check $(VLLM) --from $(FROM)
+	$(PY) -m harness upgrade-check $(VLLM) --from $(FROM) $(ARGS)
 
 # Caches and outputs; the ~10 GB environment stays (see distclean).
 clean:

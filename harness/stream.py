@@ -413,12 +413,13 @@ def _pool_given_twice(data: dict[str, Any]) -> list[str]:
     return []
 
 
-def kv_cache_layout(c: Config) -> kv_sizing.KVCacheLayout:
+def kv_cache_layout(c: Config, null_page_held_back: bool = False) -> kv_sizing.KVCacheLayout:
     """What vLLM's start-up makes of ``kv_cache_memory_bytes`` for the stream's model
-    (reference.kv_sizing; raises NotEnoughKVCacheMemory as vLLM raises at start-up)."""
+    (reference.kv_sizing; raises NotEnoughKVCacheMemory as vLLM raises at start-up;
+    ``null_page_held_back``: the check of 0.29.0 on)."""
     shape = kv_sizing.ModelShape.load(MODELS_DIR / c.model)
     return kv_sizing.kv_cache_layout(shape, c.block_size, c.kv_cache_memory_bytes,
-                                     c.max_model_len)
+                                     c.max_model_len, null_page_held_back=null_page_held_back)
 
 
 def _pool_from_memory(config: dict[str, Any]) -> dict[str, Any]:

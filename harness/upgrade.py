@@ -385,6 +385,35 @@ def shrink(checker: Checker, cause: Cause, seconds: float = 60) -> None:
         cause.example_size = (len(best["requests"]), len(run(checker.vllm, parse_stream(best)).steps))
 
 
+def shrink_all(checker: Checker, causes: dict, seconds: float, workers: int = 1) -> None:
+    """Shrink every cause's example (:func:`shrink`), ``workers`` causes at a time in
+    processes forked from this one; each example comes back to its cause."""
+    todo = [c for c in causes.values() if c.example is not None]
+    print(f"== shrinking the examples of {len(todo)} cause(s), up to {seconds:g} s each, "
+          f"{min(max(workers, 1), max(len(todo), 1))} at a time", file=sys.stderr)
+    if workers <= 1 or len(todo) <= 1:
+        for cause in todo:
+            shrink(checker, cause, seconds=seconds)
+        return
+    global _FORKED_CHECKER, _FORKED_CAUSES
+    _FORKED_CHECKER, _FORKED_CAUSES = checker, causes
+    with multiprocessing.get_context("fork").Pool(min(workers, len(todo))) as pool:
+        for key, example, shrunk, size in pool.imap_unordered(
+                _shrink_forked, [(c.key, seconds) for c in todo]):
+            cause = causes[key]
+            cause.example, cause.shrunk, cause.example_size = example, shrunk, size
+
+
+_FORKED_CAUSES: dict = {}
+
+
+def _shrink_forked(job: tuple[tuple[str, ...], float]):
+    key, seconds = job
+    cause = _FORKED_CAUSES[key]
+    shrink(_FORKED_CHECKER, cause, seconds=seconds)
+    return key, cause.example, cause.shrunk, cause.example_size
+
+
 _OPTIONAL_DEFAULTS = {"drafts": [], "abort_step": None, "cache_salt": None, "prompt_logprobs": None,
                       "stop_token_ids": [], "priority": 0, "ignore_eos": False}
 
@@ -544,9 +573,7 @@ def report(version: str, examples: int, seed: int, out: Path | None, record: boo
     print(f"== campaign: {examples} streams, seed {seed}, {workers} worker(s)", file=sys.stderr)
     camp = campaign(checker, causes, examples, seed, workers) if examples \
         else CampaignResult(0, seed)
-    for cause in causes.values():
-        print(f"== shrinking an example of {cause.title()}", file=sys.stderr)
-        shrink(checker, cause, seconds=shrink_seconds)
+    shrink_all(checker, causes, shrink_seconds, workers)
     if record:
         from harness.golden import record as record_traces
         bundled_streams = [load_stream(p) for p in sorted(STREAMS_DIR.glob("*.json"))]

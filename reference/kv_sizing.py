@@ -249,15 +249,24 @@ class NotEnoughKVCacheMemory(ValueError):
 
 
 def check_enough_kv_cache_memory(shape: ModelShape, block_size: int, max_model_len: int,
-                                 available_memory: int, dcp_world_size: int = 1) -> None:
+                                 available_memory: int, dcp_world_size: int = 1,
+                                 null_page_held_back: bool = False) -> None:
     """Start-up check: raise unless one max_model_len request fits.
 
     A model with no attention layers is never checked.  A budget of zero or
     less is refused outright; otherwise the error carries the longest length
     that would have fitted.
+
+    ``null_page_held_back`` (from 0.29.0, releases.startup_check_holds_back_null_page):
+    the check plans with the budget less one page of every layer, the null page the
+    block pool keeps back, so a pool of exactly one max_model_len request's pages is
+    refused.  0.11.0 checked the whole budget: such a pool started, and its one request
+    could never get all its pages.  The pool itself is still cut from the whole budget.
     """
     if shape.num_layers == 0:
         return
+    if null_page_held_back:
+        available_memory -= shape.page_size_bytes_all_layers(block_size)
     if available_memory <= 0:
         raise NotEnoughKVCacheMemory("no memory available for KV cache blocks",
                                      needed=min_bytes_for_max_model_len(
@@ -336,14 +345,14 @@ class KVCacheLayout:
 
 def kv_cache_layout(shape: ModelShape, block_size: int, available_memory: int,
                     max_model_len: int, num_gpu_blocks_override: int | None = None,
-                    dcp_world_size: int = 1) -> KVCacheLayout:
+                    dcp_world_size: int = 1, null_page_held_back: bool = False) -> KVCacheLayout:
     """The start-up sizing for one worker: check, then divide the budget.
 
     Raises NotEnoughKVCacheMemory where vLLM's get_kv_cache_configs raises
     ValueError.  The check uses the budget, not the override.
     """
     check_enough_kv_cache_memory(shape, block_size, max_model_len, available_memory,
-                                 dcp_world_size)
+                                 dcp_world_size, null_page_held_back)
     blocks = num_blocks_for_budget(shape, block_size, available_memory, num_gpu_blocks_override)
     return KVCacheLayout(shape=shape, block_size=block_size, num_blocks=blocks,
                          max_model_len=max_model_len, dcp_world_size=dcp_world_size)

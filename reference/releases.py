@@ -334,6 +334,14 @@ CHANGES: tuple[RuleChange, ...] = (
         "its one token unpadded, and only a padded grant over the budget ends the waiting "
         "part of the step."),
     RuleChange(
+        "startup_check_holds_back_null_page", "0.29.0", "#47272",
+        "KV sizing: the start-up check that one max_model_len request fits plans with the "
+        "memory less one page of every layer, the null page the block pool keeps back; a "
+        "pool of exactly that request's pages (with what is left over less than a page) is "
+        "refused at start-up, where 0.11.0 started it and the request could never be "
+        "scheduled.  The pool is still cut from the whole memory.  Found by the 0.30.0 "
+        "campaign (seed 1)."),
+    RuleChange(
         "window_cap_counts_batches_in_flight", "0.26.0", "",
         "The cap of window_admission_capped counts the budget of every batch in flight, not "
         "one step's: twice the budget under async scheduling, the pipeline stages' number "

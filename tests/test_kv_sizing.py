@@ -233,6 +233,21 @@ def test_estimate_max_model_len(qwen, block_size, max_model_len, budget, expecte
     assert estimate_max_model_len(qwen, block_size, max_model_len, budget) == expected
 
 
+def test_null_page_held_back_from_the_check(qwen):
+    """From 0.29.0 (startup_check_holds_back_null_page) the check plans without the null
+    page: 2 pages and a bit are enough for one 32-token request under 0.11.0's rule, not
+    under 0.29.0's; 3 pages are enough for both, and the pool is cut from the whole budget."""
+    page = 16 * 12288
+    kv_cache_layout(qwen, 16, 2 * page + 6784, 32)
+    with pytest.raises(NotEnoughKVCacheMemory) as exc:
+        kv_cache_layout(qwen, 16, 2 * page + 6784, 32, null_page_held_back=True)
+    assert (exc.value.available, exc.value.estimated_max_len) == (page + 6784, 16)
+    assert kv_cache_layout(qwen, 16, 3 * page, 32, null_page_held_back=True).num_blocks == 3
+    with pytest.raises(NotEnoughKVCacheMemory) as exc:  # nothing left once the page is held
+        kv_cache_layout(qwen, 16, page, 16, null_page_held_back=True)
+    assert exc.value.estimated_max_len == 0
+
+
 def test_no_layers_never_checked():
     check_enough_kv_cache_memory(ModelShape(0, 2, 64), 16, 2048, 0)
 

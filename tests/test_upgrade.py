@@ -515,3 +515,23 @@ def test_a_stream_no_change_explains_alone_is_named_by_the_fewest_changes_that_d
     old = checker.base.to_json()
     assert checker.cause_of(None, new, old, checker.target.to_json()) == ("a", "c")
     assert len(runs) == 4 + 4  # each change alone, then each left out once
+
+
+def test_the_examples_shrunk_in_forked_workers_come_back_to_their_causes(monkeypatch):
+    """Shrinking two causes at a time gives each cause the example its own shrink made."""
+    from harness import upgrade
+
+    def fake_shrink(checker, cause, seconds):
+        cause.example = {"shrunk": cause.key[0], "by": checker}
+        cause.shrunk, cause.example_size = True, (1, len(cause.key[0]))
+
+    monkeypatch.setattr(upgrade, "shrink", fake_shrink)
+    results = []
+    for workers in (1, 2):
+        causes = {(n,): upgrade.Cause((n,), example={"big": n}) for n in ("ab", "c", "def")}
+        causes[("none",)] = upgrade.Cause(("none",))  # no example: nothing to shrink
+        upgrade.shrink_all("checker", causes, 1.0, workers)
+        results.append({k: (c.example, c.shrunk, c.example_size) for k, c in causes.items()})
+    assert results[0] == results[1]
+    assert results[1][("def",)] == ({"shrunk": "def", "by": "checker"}, True, (1, 3))
+    assert results[1][("none",)] == (None, False, (1 << 30, 0))

@@ -119,6 +119,7 @@ class ReferenceEngine:
     def start(self, stream: Stream) -> None:
         self.config = reference_config(stream, self.rules)
         self.stream_config = stream.config
+        self.layout = None if stream.config.kv_cache_memory_bytes is None else self.sized(stream)
         self.lora_ids = lora_ids(stream)
         self.recorder = Recorder()
         self.script = ConnectorScript(stream) if stream.config.kv_role is not None else None
@@ -131,6 +132,15 @@ class ReferenceEngine:
         self.workers = [WorkerBlockTable(spec.block_size, worker_width(spec, stream.config))
                         for spec in self.config.groups]
         self.hash_numbers = HashNumbers()
+
+    def sized(self, stream: Stream) -> kv_sizing.KVCacheLayout:
+        """The pool start-up cuts from the stream's memory; a memory too small is refused
+        as vLLM's start-up refuses it, with a ValueError."""
+        try:
+            return kv_cache_layout(stream.config,
+                                   self.config.has("startup_check_holds_back_null_page"))
+        except kv_sizing.NotEnoughKVCacheMemory as exc:
+            raise ValueError(str(exc)) from None
 
     def reset_prefix_cache(self) -> bool:
         return self.sched.reset_prefix_cache()
@@ -217,9 +227,9 @@ class ReferenceEngine:
                             num_output_placeholders=r.num_output_placeholders)
 
     def kv_cache_header(self) -> dict | None:
-        if self.stream_config.kv_cache_memory_bytes is None:
+        layout = self.layout
+        if layout is None:
             return None
-        layout = kv_cache_layout(self.stream_config)
         shape, size = layout.shape, layout.block_size
         return kv_cache_header(layout.num_blocks, size, shape.num_layers,
                                shape.page_size_bytes(size),

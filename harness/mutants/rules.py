@@ -1384,6 +1384,7 @@ _CHANGE_MODULES = {
     "grammar_keeps_first_invalid_draft": "vllm/v1/structured_output/__init__.py",
     "encoder_cuts_at_the_item": SCHEDULER,
     "encoder_length_mismatch_fails_request": SCHEDULER,
+    "startup_check_holds_back_null_page": KV_CACHE_UTILS,
 }
 
 
@@ -1451,6 +1452,7 @@ _CHANGE_APPLIES = {
     "grammar_keeps_first_invalid_draft": grammar_drafts,
     "encoder_cuts_at_the_item": encoder,
     "encoder_length_mismatch_fails_request": encoder,
+    "startup_check_holds_back_null_page": lambda s: s.config.kv_cache_memory_bytes is not None,
 }
 
 #: The rule report (harness.reach) runs the reference once per stream for each release its
