@@ -550,7 +550,7 @@ def _slots_checked_by_vllms_kernel():
 
 
 def report(version: str, examples: int, seed: int, out: Path | None, record: bool,
-           old: str = BASE, streams: Path | None = None, shrink_seconds: float = 60,
+           old: str = BASE, streams: Path | None = None, shrink_seconds: float = 20,
            workers: int = 1) -> int:
     """The check inside the new release's process: 0 same, 1 different, 3 could not drive.
 

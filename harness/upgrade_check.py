@@ -47,7 +47,7 @@ INDEX_HEADER = [
 
 def upgrade_check(version: str, examples: int, seed: int, out: Path | None, record: bool,
                   old: str = BASE, streams: Path | None = None,
-                  shrink_seconds: float = 60, workers: int = 1) -> int:
+                  shrink_seconds: float = 20, workers: int = 1) -> int:
     """``make upgrade-check [FROM=old] VLLM=version``; with ``streams``, the user's own
     streams instead of the bundled ones (no campaign, nothing recorded, the index of
     releases untouched).  Exit codes as the module says."""

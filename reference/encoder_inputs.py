@@ -83,6 +83,7 @@ def try_schedule_encoder_inputs(
     encode_ahead: bool = True,
     whole_item_lookahead: int = 0,
     cut_at_item: bool = False,
+    whole_item_first: bool = False,
     rejected: list[str] | None = None,
 ) -> tuple[list[int], int, int]:
     """The items to encode this step, the tokens still granted, the budget left.
@@ -117,6 +118,11 @@ def try_schedule_encoder_inputs(
     another length is content the hash cannot stand for.  The request gets nothing this
     step, the budget stays as it is at that item, and its id goes into ``rejected``,
     for the scheduler to finish it with an error after the step's update.
+    ``whole_item_first`` (from 0.32.0: rule change ``whole_item_cut_before_lookups``): the
+    whole-item check of ``disable_chunked_mm_input`` comes before the item is looked up,
+    so it also cuts at an item the step encodes already (the same hash earlier in the
+    request) or the cache holds; up to 0.31.0 such an item was passed over first and could
+    be split.
     """
     items = request.encoder_inputs
     if num_new_tokens == 0 or not items:
@@ -134,6 +140,11 @@ def try_schedule_encoder_inputs(
             continue
         if already_in_kv(item, num_computed_tokens):
             continue
+        splits_item = disable_chunked_mm_input and cut_to_whole_item(
+            item, num_computed_tokens, range_end, cut_at_item)
+        if splits_item and whole_item_first:
+            num_new_tokens = tokens_before(item, num_computed_tokens + whole_item_lookahead)
+            break
         if not is_encoder_decoder:
             if rejected is not None and length_mismatch(item, hashes_to_encode, cache):
                 if request.request_id not in rejected:
@@ -143,8 +154,7 @@ def try_schedule_encoder_inputs(
                 continue  # the same content is encoded once per step
             if cache.check_and_update_cache(request, i):
                 continue
-        if disable_chunked_mm_input and cut_to_whole_item(item, num_computed_tokens, range_end,
-                                                          cut_at_item):
+        if splits_item:
             num_new_tokens = tokens_before(item, num_computed_tokens + whole_item_lookahead)
             break
         if not cache.can_allocate(request, i, encoder_compute_budget, room_to_take):

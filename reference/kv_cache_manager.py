@@ -131,10 +131,10 @@ class KVCacheManager:
             return None
         return self.tokens_in_flight, self.max_model_len
 
-    def pages_still_needed(self, request: Request) -> int:
+    def pages_still_needed(self, request: Request, extra_tokens: int = 0) -> int:
         """Pages the request must still be given to hold all its tokens (capped at
-        ``max_model_len``), beyond those it holds."""
-        num_tokens = min(request.num_tokens, self.max_model_len)
+        ``max_model_len``) and ``extra_tokens`` more, beyond those it holds."""
+        num_tokens = min(request.num_tokens, self.max_model_len) + extra_tokens
         return self.coordinator.pages_to_allocate(
             request.request_id, num_tokens, self.coordinator.empty(),
             min(request.num_computed_tokens, self.max_model_len), self.admission_bound())

@@ -342,6 +342,26 @@ CHANGES: tuple[RuleChange, ...] = (
         "scheduled.  The pool is still cut from the whole memory.  Found by the 0.30.0 "
         "campaign (seed 1)."),
     RuleChange(
+        "async_load_reserves_a_draft_step", "0.31.0", "#57104",
+        "With drafting on, an asynchronous load is admitted only if it fits in the free "
+        "pages less, beyond what async_load_leaves_room_for_prefills keeps, the pages of "
+        "one decode step with drafts (1 + num_speculative_tokens + an eagle drafter's "
+        "lookahead slots, in pages of block_size), once for the load itself and once for "
+        "each prefill under way.  Found by the 0.34.0 campaign (seed 1)."),
+    RuleChange(
+        "draft_step_counted_in_each_group", "0.32.0", "",
+        "The draft step of async_load_reserves_a_draft_step is counted in each KV cache "
+        "group's pages (added up over the groups but Mamba ones) for the load itself, and "
+        "for a prefill under way with its sequence: the pages of its whole sequence plus "
+        "the step's tokens, not the two rounded up apart."),
+    RuleChange(
+        "whole_item_cut_before_lookups", "0.32.0", "",
+        "With chunked multimodal input off, the check that a grant would stop inside an "
+        "item comes before the item is looked up, so it also cuts the grant before an item "
+        "whose hash the step encodes already (an earlier item of the request) or the "
+        "encoder cache holds; up to 0.31.0 such an item was passed over and could be split.  "
+        "Found by the 0.34.0 campaign (seed 1)."),
+    RuleChange(
         "window_cap_counts_batches_in_flight", "0.26.0", "",
         "The cap of window_admission_capped counts the budget of every batch in flight, not "
         "one step's: twice the budget under async scheduling, the pipeline stages' number "

@@ -31,6 +31,7 @@ from reference.config import Config
 from reference.encoder_cache import EncoderCacheManager, encoder_budgets
 from reference.encoder_inputs import free_encoder_inputs, try_schedule_encoder_inputs
 from reference.kv_cache_manager import KVCacheManager, block_ids
+from reference.kv_cache_spec import MAMBA
 from reference.kv_connector import KVConnector, last_token_computed_again, tokens_after_load
 from reference.kv_events import KVEvent
 from reference.lora import AdapterSlots
@@ -366,6 +367,7 @@ class Scheduler:
             whole_item_lookahead=self.drafter_reads_ahead()
             if self.config.has("eagle_whole_item_cut_one_token_earlier") else 0,
             cut_at_item=self.config.has("encoder_cuts_at_the_item"),
+            whole_item_first=self.config.has("whole_item_cut_before_lookups"),
             rejected=self.encoder_mismatched
             if self.config.has("encoder_length_mismatch_fails_request") else None)
 
@@ -546,10 +548,41 @@ class Scheduler:
         """Free pages an asynchronous load may not take.  From 0.23.0
         (async_load_leaves_room_for_prefills) the pages the prefills under way still need
         to hold their whole sequence (capped at max_model_len), a load being admitted only
-        from the rest; up to 0.22.1 none."""
-        if not self.config.has("async_load_leaves_room_for_prefills"):
+        from the rest; up to 0.22.1 none.  With drafting on, from 0.31.0
+        (async_load_reserves_a_draft_step) each of them, and the load itself, also keeps
+        the pages of one decode step with drafts (:meth:`draft_step_pages`); from 0.32.0
+        (draft_step_counted_in_each_group) a prefill's share is counted with its sequence,
+        as the pages of its whole sequence plus that step's tokens."""
+        c = self.config
+        if not c.has("async_load_leaves_room_for_prefills"):
             return 0
-        return sum(self.kv.pages_still_needed(r) for r in self.inflight_prefills.values())
+        step = self.draft_step_pages()
+        if c.has("draft_step_counted_in_each_group"):
+            extra = self.draft_step_tokens()
+            return step + sum(self.kv.pages_still_needed(r, extra)
+                              for r in self.inflight_prefills.values())
+        return step + sum(self.kv.pages_still_needed(r) + step
+                          for r in self.inflight_prefills.values())
+
+    def draft_step_tokens(self) -> int:
+        """Slots one decode step with drafts writes: the sampled token, the drafts, and an
+        eagle drafter's lookahead; none without drafting."""
+        c = self.config
+        return 1 + c.num_speculative_tokens + c.num_lookahead_tokens \
+            if c.num_speculative_tokens else 0
+
+    def draft_step_pages(self) -> int:
+        """Pages an asynchronous load keeps free for one decode step with drafts: from
+        0.31.0 (async_load_reserves_a_draft_step) that step's slots in pages of
+        block_size; from 0.32.0 (draft_step_counted_in_each_group) in each group's pages,
+        added up over the groups but Mamba ones (their state pages count drafts already)."""
+        c = self.config
+        if not c.has("async_load_reserves_a_draft_step") or not c.num_speculative_tokens:
+            return 0
+        tokens = self.draft_step_tokens()
+        if c.has("draft_step_counted_in_each_group"):
+            return sum(cdiv(tokens, g.block_size) for g in c.groups if g.kind != MAMBA)
+        return cdiv(tokens, c.block_size)
 
     def put_back(self, set_aside: RequestQueue) -> None:
         """The requests set aside in the step go back to the head of their queue: up to

@@ -109,6 +109,37 @@ def test_a_request_reading_no_prefix_loads_nothing_from_outside_from_0_31_0():
     assert s.schedule().num_scheduled_tokens == {"r": 6}
 
 
+def test_an_async_load_keeps_a_draft_step_free_from_0_31_0_counted_per_sequence_from_0_32_0():
+    """async_load_reserves_a_draft_step, draft_step_counted_in_each_group: a (20 tokens,
+    chunked to 8) holds 1 of the 4 usable 16-token pages; b's load needs 1 of the 3 free.
+    With 2 draft tokens a draft step is 3 slots, 1 page: 0.30.0 keeps a's 1 page, 0.31.0
+    1 + (1 + 1) pages, 0.32.0 1 + (23 tokens: 2 pages less the 1 held)."""
+    for release, loads in (("0.30.0", True), ("0.31.0", False), ("0.32.0", True)):
+        s = Scheduler(config(releases.rules_of(release), block_size=16, num_blocks=5,
+                             long_prefill_token_threshold=8, num_speculative_tokens=2),
+                      connector=Connector((4, True)))
+        s.add_request(request("a", range(1, 21)))
+        s.add_request(request("b", range(31, 36), arrival=1.0))
+        s.schedule()
+        assert (s.requests["b"].status == RequestStatus.WAITING_FOR_REMOTE_KVS) == loads, release
+    s = Scheduler(config(releases.rules_of("0.31.0"), block_size=16, num_blocks=5,
+                         long_prefill_token_threshold=8), connector=Connector((4, True)))
+    assert s.draft_step_pages() == 0  # nothing kept without drafting
+
+
+def test_the_whole_item_cut_comes_before_the_lookups_from_0_32_0():
+    """whole_item_cut_before_lookups: the second item has the first one's hash; a grant of
+    6 stops inside it.  Up to 0.31.0 it is passed over as encoded already; from 0.32.0 it
+    cuts the grant to 5 (the drafter's token before it)."""
+    from reference.encoder_cache import EncoderCacheManager
+    from reference.encoder_inputs import try_schedule_encoder_inputs
+    r = request("r", [0] * 9, encoder_inputs=(EncoderInput(2, 3, "img"), EncoderInput(6, 3, "img")))
+    for first, granted in ((False, 6), (True, 5)):
+        assert try_schedule_encoder_inputs(
+            r, 0, 6, 16, EncoderCacheManager(16), disable_chunked_mm_input=True, lookahead=1,
+            whole_item_lookahead=1, whole_item_first=first) == ([0], granted, 13), first
+
+
 def test_a_later_hashing_sees_every_item_from_0_31_0():
     """later_hashing_sees_every_item: two one-token items at 8 and 9 in a page of 4 that
     outputs complete get the same key as when a longer prompt completes it at once."""

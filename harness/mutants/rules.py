@@ -1385,6 +1385,9 @@ _CHANGE_MODULES = {
     "encoder_cuts_at_the_item": SCHEDULER,
     "encoder_length_mismatch_fails_request": SCHEDULER,
     "startup_check_holds_back_null_page": KV_CACHE_UTILS,
+    "async_load_reserves_a_draft_step": SCHEDULER,
+    "draft_step_counted_in_each_group": SCHEDULER,
+    "whole_item_cut_before_lookups": SCHEDULER,
 }
 
 
@@ -1453,6 +1456,9 @@ _CHANGE_APPLIES = {
     "encoder_cuts_at_the_item": encoder,
     "encoder_length_mismatch_fails_request": encoder,
     "startup_check_holds_back_null_page": lambda s: s.config.kv_cache_memory_bytes is not None,
+    "async_load_reserves_a_draft_step": lambda s: connector_async(s) and drafts(s),
+    "draft_step_counted_in_each_group": lambda s: connector_async(s) and drafts(s),
+    "whole_item_cut_before_lookups": lambda s: encoder(s) and s.config.disable_chunked_mm_input,
 }
 
 #: The rule report (harness.reach) runs the reference once per stream for each release its
