@@ -52,6 +52,17 @@ class Config:
         """Whether the named rule change of a later release applies."""
         return rule_change in self.rules
 
+    def start_up_refusal(self) -> str | None:
+        """Why vLLM's config validation refuses this config at start-up, or None.  From
+        0.27.0 (threshold_above_max_model_len_refused) a long-prefill threshold above
+        max_model_len; before, only with several partial prefills, which vLLM 0.11.0's
+        default of one never is."""
+        if (self.has("threshold_above_max_model_len_refused")
+                and self.long_prefill_token_threshold > self.max_model_len):
+            return (f"long_prefill_token_threshold ({self.long_prefill_token_threshold}) is "
+                    f"greater than max_model_len ({self.max_model_len})")
+        return None
+
     @property
     def groups(self) -> tuple[KVCacheSpec, ...]:
         return self.kv_cache_groups or (full(self.block_size),)

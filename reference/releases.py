@@ -362,6 +362,19 @@ CHANGES: tuple[RuleChange, ...] = (
         "encoder cache holds; up to 0.31.0 such an item was passed over and could be split.  "
         "Found by the 0.34.0 campaign (seed 1)."),
     RuleChange(
+        "threshold_above_max_model_len_refused", "0.27.0", "",
+        "Start-up refuses a config whose long_prefill_token_threshold is greater than "
+        "max_model_len (vLLM's scheduler config validation); up to 0.26.0 that was refused "
+        "only with several partial prefills (max_num_partial_prefills > 1).  Found by the "
+        "0.34.0 campaign (seed 1)."),
+    RuleChange(
+        "sending_requests_keep_the_engine_stepping", "0.22.0", "",
+        "With a KV connector, a finished request whose pages the connector is still sending "
+        "keeps the engine stepping: has_requests holds while the scheduler still knows a "
+        "request that is in no queue, so EngineCore schedules and updates (stats, the "
+        "worker's transfer report) in the idle steps until the send is reported done, "
+        "where 0.11.0 idled.  Found by the 0.34.0 campaign (seed 1)."),
+    RuleChange(
         "window_cap_counts_batches_in_flight", "0.26.0", "",
         "The cap of window_admission_capped counts the budget of every batch in flight, not "
         "one step's: twice the budget under async scheduling, the pipeline stages' number "

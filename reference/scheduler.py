@@ -103,6 +103,7 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         # From 0.31.0: requests an image's length mismatch stopped, to finish with an error.
         self.encoder_mismatched: list[str] = []
+        self.unfinished_at_step_start = 0  # num_unfinished() as the current step began
         # KV cache events, one batch per step that had any (vLLM's publisher).
         self.published_kv_events: list[list[KVEvent]] = []
 
@@ -166,8 +167,14 @@ class Scheduler:
 
     def has_requests(self) -> bool:
         """Anything for a step to do: unfinished requests, or finished ones the worker
-        has not been told of yet.  The engine does not step without them."""
-        return self.num_unfinished() > 0 or bool(self.finished_req_ids)
+        has not been told of yet.  The engine does not step without them.  From 0.22.0
+        (sending_requests_keep_the_engine_stepping), with a KV connector, also finished
+        requests whose pages it is still sending: they stay known, in no queue."""
+        if self.num_unfinished() > 0 or self.finished_req_ids:
+            return True
+        return (self.connector is not None
+                and self.config.has("sending_requests_keep_the_engine_stepping")
+                and len(self.requests) > self.num_unfinished())
 
     def finish_requests(self, request_ids: list[str], status: RequestStatus) -> None:
         """Abort from outside; unknown ids are ignored, and from 0.11.1 finished ones too."""
@@ -242,6 +249,9 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         plan = StepPlan(token_budget=self.config.max_num_batched_tokens,
                         encoder_budget=self.encoder_compute_budget)
+        # Counted before the waiting loop takes requests out of their queues (a load
+        # still under way is set aside and put back within the step).
+        self.unfinished_at_step_start = self.num_unfinished()
         self._schedule_running(plan)
         plan.adapters = AdapterSlots(self.config.max_loras, self.adapter_holders(plan))
         if self.admits_waiting(plan):
@@ -288,9 +298,9 @@ class Scheduler:
             return 0
         if c.has("threshold_needs_chunked_prefill") and not c.enable_chunked_prefill:
             return 0  # from 0.34.0: a request that cannot be chunked is never capped
-        if c.has("threshold_lifted_for_a_lone_request") and self.num_unfinished() <= 1:
-            # From 0.31.0 the cap holds a request back for the others' sake only.  A step
-            # does not change how many requests are unfinished: this is its first count.
+        if c.has("threshold_lifted_for_a_lone_request") and self.unfinished_at_step_start <= 1:
+            # From 0.31.0 the cap holds a request back for the others' sake only, counted
+            # as the step starts: a load under way counts while it is set aside.
             return 0
         return c.long_prefill_token_threshold
 

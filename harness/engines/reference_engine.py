@@ -103,6 +103,11 @@ class ScriptedConnector:
         return self.script.finished(request.request_id, block_ids)
 
 
+class ValidationError(ValueError):
+    """A config vLLM's start-up refuses: its config classes raise pydantic's
+    ValidationError, which the trace names."""
+
+
 class ReferenceEngine:
     """The reference, stating the rules of one vLLM release (0.11.0 unless told)."""
 
@@ -118,6 +123,9 @@ class ReferenceEngine:
 
     def start(self, stream: Stream) -> None:
         self.config = reference_config(stream, self.rules)
+        refusal = self.config.start_up_refusal()
+        if refusal is not None:
+            raise ValidationError(refusal)
         self.stream_config = stream.config
         self.layout = None if stream.config.kv_cache_memory_bytes is None else self.sized(stream)
         self.lora_ids = lora_ids(stream)

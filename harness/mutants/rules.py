@@ -1388,6 +1388,8 @@ _CHANGE_MODULES = {
     "async_load_reserves_a_draft_step": SCHEDULER,
     "draft_step_counted_in_each_group": SCHEDULER,
     "whole_item_cut_before_lookups": SCHEDULER,
+    "threshold_above_max_model_len_refused": "vllm/config/scheduler.py",
+    "sending_requests_keep_the_engine_stepping": SCHEDULER,
 }
 
 
@@ -1459,6 +1461,9 @@ _CHANGE_APPLIES = {
     "async_load_reserves_a_draft_step": lambda s: connector_async(s) and drafts(s),
     "draft_step_counted_in_each_group": lambda s: connector_async(s) and drafts(s),
     "whole_item_cut_before_lookups": lambda s: encoder(s) and s.config.disable_chunked_mm_input,
+    "threshold_above_max_model_len_refused": lambda s:
+        s.config.long_prefill_token_threshold > s.config.max_model_len,
+    "sending_requests_keep_the_engine_stepping": connector_sends,
 }
 
 #: The rule report (harness.reach) runs the reference once per stream for each release its
