@@ -127,12 +127,18 @@ class Checker:
         two releases are cut down one at a time, in the order of reference.releases,
         to a set from which no change can be left out (a run per change, where trying
         every pair took a run per pair: some 4,000 runs a stream from 0.11.0 to 0.34.0).
+
+        A change that a run never asks about (:class:`AskedRules`) cannot alter that run,
+        so it is settled without running: it cannot explain the new trace alone when
+        ``old``'s run never asks about it, and it can be left out when the run of the
+        changes kept so far never asks about it.
         """
         d = first_divergence(new, old)
         if d is None:
             return None
+        _, asked = self.asking(self.base, stream)
         for name in self.active:
-            if first_divergence(new, run(self._single[name], stream).to_json()) is None:
+            if name in asked and first_divergence(new, run(self._single[name], stream).to_json()) is None:
                 return (name,)
         left = first_divergence(new, target)
         if left is None:
@@ -150,11 +156,47 @@ class Checker:
         """The changes between the releases, all of which explain ``new``, less each one
         that the others still explain without: a set none of whose changes can be left out."""
         kept = list(self.active)
+        _, asked = self.asking(self.base_with(set(kept)), stream)
         for name in self.active:
             rest = [n for n in kept if n != name]
-            if rest and first_divergence(new, run(self.base_with(set(rest)), stream).to_json()) is None:
+            if not rest:
+                continue
+            if name not in asked:  # the run with ``kept`` is the run with ``rest``
                 kept = rest
+                continue
+            trace, asked_rest = self.asking(self.base_with(set(rest)), stream)
+            if first_divergence(new, trace) is None:
+                kept, asked = rest, asked_rest
         return tuple(kept)
+
+    @staticmethod
+    def asking(engine: ReferenceEngine, stream: Stream) -> tuple[dict, frozenset[str]]:
+        """The reference's trace of ``stream``, and the rule changes the run asked about."""
+        rules = engine.rules
+        engine.rules = noted = AskedRules(rules)
+        try:
+            trace = run(engine, stream).to_json()
+        finally:
+            engine.rules = rules
+        return trace, frozenset(noted.asked)
+
+
+class AskedRules(frozenset):
+    """A reference's rule changes that note each one a run asks about.
+
+    The reference reads its rules only through ``Config.has`` (a membership test on
+    this set), so a change never asked about in a run cannot have altered it: the
+    run with that change turned over is the same run.
+    """
+
+    def __new__(cls, rules):
+        noted = super().__new__(cls, rules)
+        noted.asked = set()
+        return noted
+
+    def __contains__(self, name) -> bool:
+        self.asked.add(name)
+        return frozenset.__contains__(self, name)
 
 
 def _features(stream: Stream) -> list[str]:

@@ -57,8 +57,8 @@ class Config:
         0.27.0 (threshold_above_max_model_len_refused) a long-prefill threshold above
         max_model_len; before, only with several partial prefills, which vLLM 0.11.0's
         default of one never is."""
-        if (self.has("threshold_above_max_model_len_refused")
-                and self.long_prefill_token_threshold > self.max_model_len):
+        if (self.long_prefill_token_threshold > self.max_model_len
+                and self.has("threshold_above_max_model_len_refused")):
             return (f"long_prefill_token_threshold ({self.long_prefill_token_threshold}) is "
                     f"greater than max_model_len ({self.max_model_len})")
         return None

@@ -16,7 +16,7 @@ from reference import events
 from reference.block_pool import BlockPool
 from reference.group_managers import HasRule, only_0_11_0
 from reference.kv_cache_coordinator import KVCacheCoordinator, PerGroup
-from reference.kv_cache_spec import KVCacheSpec, full
+from reference.kv_cache_spec import CHUNKED_LOCAL, SLIDING_WINDOW, KVCacheSpec, full
 from reference.kv_events import KVEvent
 from reference.request import Request
 from reference.stats import PrefixCacheStats, kv_cache_usage
@@ -31,8 +31,8 @@ class KVCacheManager:
         ``has``: which rule changes of a later release apply (default: none, 0.11.0);
         ``enable_kv_cache_events``: the pool queues KV cache events (reference.kv_events)."""
         self.groups = groups or (full(block_size),)
-        if has("lone_group_must_divide_block_size") and len(self.groups) == 1 \
-                and block_size % self.groups[0].block_size:
+        if len(self.groups) == 1 and block_size % self.groups[0].block_size \
+                and has("lone_group_must_divide_block_size"):
             # From 0.23.0 the coordinator asserts that every group's page divides the
             # scheduler's block size, which is the cache block size for a single group: a
             # lone Mamba group (pages of max_model_len tokens) fails the start-up.
@@ -51,6 +51,9 @@ class KVCacheManager:
         self.prefix_cache_stats = PrefixCacheStats()
         # Tokens scheduled and not yet applied at most (see admission_bound).
         self.tokens_in_flight = 0
+        # Groups that give pages back, whose need a whole-sequence count may cap.
+        self.has_window_groups = any(g.kind in (SLIDING_WINDOW, CHUNKED_LOCAL)
+                                     for g in self.groups)
 
     # -- prefix lookup -----------------------------------------------------------
 
@@ -103,7 +106,7 @@ class KVCacheManager:
         if self.coordinator.pages_to_allocate(rid, num_slots, hits, with_loaded) \
                 > self.pool.num_free_blocks() - reserved_blocks:
             return None
-        if self.enable_caching and not self.has("window_hits_skipped_at_admission"):
+        if self.enable_caching and any(hits) and not self.has("window_hits_skipped_at_admission"):
             self.pool.touch(block for hit in hits for block in hit)
         self.coordinator.save_hits(rid, hits, with_loaded)
         new_blocks = self.coordinator.grow(rid, num_slots)
@@ -127,7 +130,7 @@ class KVCacheManager:
         """(tokens in flight, max_model_len) when a whole-sequence count caps the window
         groups (from 0.20.2, window_admission_capped), else None.  The scheduler sets
         ``tokens_in_flight``: a step's budget, from 0.26.0 times the batches in flight."""
-        if not self.has("window_admission_capped"):
+        if not self.has_window_groups or not self.has("window_admission_capped"):
             return None
         return self.tokens_in_flight, self.max_model_len
 
@@ -160,7 +163,7 @@ class KVCacheManager:
         batches whose output is not applied yet (async scheduling, pipeline stages) do
         not count: their steps may still read the pages."""
         num_tokens = request.num_computed_tokens if num_tokens is None else num_tokens
-        if self.has("window_frees_wait_for_outputs"):
+        if request.num_in_flight_tokens and self.has("window_frees_wait_for_outputs"):
             return max(0, num_tokens - request.num_in_flight_tokens)
         return num_tokens
 

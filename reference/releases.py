@@ -6,7 +6,10 @@ ethereum/execution-specs' forks: a change has a name, the release that first
 has it (and the release that undid it, if one did), the vLLM pull request
 where known, and what changed.  The code that applies a rule asks
 ``config.has(name)`` at the one place the rule lives, so reading a rule's
-function shows both versions of it.
+function shows both versions of it.  It asks only where the answer can matter
+(after the cheap tests of the step's own state): a run that never asks about a
+change is the same run with or without it, which the upgrade check uses to
+leave such changes untried.
 
 Only behaviour the harness can observe is listed: what a stream decides
 (token counts, pages, preemptions, hits, stops, events).  Refactors, renamed

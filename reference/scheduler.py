@@ -39,7 +39,7 @@ from reference.output import CachedRequestData, NewRequestData, SchedulerOutput
 from reference.request import Request, RequestStatus, check_pooled, check_stop
 from reference.request_queue import RequestQueue, make_queue, runs_before
 from reference.stats import SchedulerStats, SpecDecodingStats
-from reference.structured_output import grammar_batch
+from reference.structured_output import GrammarBatch, grammar_batch
 
 
 @dataclass
@@ -84,7 +84,8 @@ class Scheduler:
                                  config.enable_prefix_caching,
                                  config.use_eagle and not self.hash_lookahead_tokens(), emit,
                                  config.groups, config.has, config.enable_kv_cache_events)
-        self.kv.tokens_in_flight = self.tokens_in_flight()
+        if self.kv.has_window_groups:  # only their admission cap reads it
+            self.kv.tokens_in_flight = self.tokens_in_flight()
         self.encoder_compute_budget, cache_size = self.encoder_sizes()
         self.encoder_cache = EncoderCacheManager(cache_size)
         self.requests: dict[str, Request] = {}
@@ -124,17 +125,17 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         # Its prompt is hashed already; from 0.31.0 (later_hashing_sees_every_item) the
         # blocks its outputs complete are hashed with every item they touch.
-        request.mm_later_hashing_sees_every_item = self.config.has(
-            "later_hashing_sees_every_item")
+        request.mm_later_hashing_sees_every_item = bool(request.encoder_inputs) and \
+            self.config.has("later_hashing_sees_every_item")
         if self.hash_lookahead_tokens() and request.hash_block_size is not None:
             request.hash_lookahead_tokens = self.hash_lookahead_tokens()
             request.block_hashes.clear()  # its prompt is hashed again, looking ahead
             request._hash_new_full_blocks()
-        if self.waits_apart() and request.status == RequestStatus.WAITING_FOR_FSM:
+        if request.status == RequestStatus.WAITING_FOR_FSM and self.waits_apart():
             self.set_aside_queue.add(request)  # it cannot run before its grammar is ready
         else:
             self.waiting.add(request)
-        if self.holders_wait_first() and request.status == RequestStatus.WAITING_FOR_FSM:
+        if request.status == RequestStatus.WAITING_FOR_FSM and self.holders_wait_first():
             self.deferred.add(request)
         self.requests[request.request_id] = request
 
@@ -260,7 +261,8 @@ class Scheduler:
         output = self._make_output(plan)
         self._advance_computed_tokens(output)
         self._forget_reported_finished()
-        if not self.config.has("kv_events_published_after_update"):
+        if self.config.enable_kv_cache_events and \
+                not self.config.has("kv_events_published_after_update"):
             self.publish_kv_events()
         return output
 
@@ -268,7 +270,8 @@ class Scheduler:
         """The requests whose adapters hold the step's LoRA slots: the running requests
         scheduled in the step (quirks.LORA_SLOTS_OVERFILLED_AFTER_A_SKIP), from 0.33.0
         (lora_slots_held_by_every_running_request) every running request."""
-        if self.config.has("lora_slots_held_by_every_running_request"):
+        if self.config.max_loras is not None and \
+                self.config.has("lora_slots_held_by_every_running_request"):
             return self.running
         return plan.running
 
@@ -293,6 +296,8 @@ class Scheduler:
         """The threshold in force.  0.11.1 and 0.11.2 (threshold_dropped_when_nothing_chunks)
         drop it at start-up when chunked prefill is off and prefix caching was not asked for."""
         c = self.config
+        if not c.long_prefill_token_threshold:
+            return 0
         if c.has("threshold_dropped_when_nothing_chunks") and \
                 not c.enable_chunked_prefill and not c.enable_prefix_caching:
             return 0
@@ -793,7 +798,7 @@ class Scheduler:
         max_model_len leaves room for the token sampled after the padding too; otherwise
         it runs its one token unpadded, and only the budget can end the waiting part."""
         width = 1 + self.config.num_speculative_tokens
-        if (not self.config.has("new_decode_padded_with_drafts") or width == 1
+        if (width == 1 or not self.config.has("new_decode_padded_with_drafts")
                 or request.num_tokens - num_computed != 1
                 or not plan.running and not self.pads_without_running(num_computed)
                 or plan.running_prefill):
@@ -838,6 +843,8 @@ class Scheduler:
     def admission_lookahead(self, request: Request, load_async: bool = False) -> int:
         """Eagle's lookahead slots are reserved for a resumed request, not a new one; from
         0.23.0 (admission_reserves_lookahead) for every admission but an asynchronous load."""
+        if not self.config.num_lookahead_tokens:
+            return 0
         if self.config.has("admission_reserves_lookahead"):
             return 0 if load_async else self.config.num_lookahead_tokens
         return 0 if request.num_computed_tokens == 0 else self.config.num_lookahead_tokens
@@ -874,12 +881,15 @@ class Scheduler:
             grammar=self.grammar_batch(plan),
             scheduled_encoder_inputs={k: list(v) for k, v in plan.encoder_inputs.items()},
             free_encoder_mm_hashes=self.encoder_cache.get_freed_mm_hashes(
-                skip_cached_again=self.config.has("recached_outputs_not_freed")),
+                skip_cached_again=bool(self.encoder_cache.freed)
+                and self.config.has("recached_outputs_not_freed")),
         )
 
     def grammar_batch(self, plan: StepPlan):
         """The structured-output part of the step.  0.11.0 orders it as the worker's
         batch; from 0.11.1 (grammar_rows_in_grant_order) in the order tokens were granted."""
+        if not any(r.grammar is not None for r in self.worker_batch(plan)):
+            return GrammarBatch()  # nothing constrained: either order gives an empty part
         if self.config.has("grammar_rows_in_grant_order"):
             granted = [self.requests[rid] for rid in plan.num_scheduled_tokens]
             if self.config.has("grammar_rows_skip_prefill_chunks"):
@@ -969,7 +979,8 @@ class Scheduler:
         self.fail_mismatched_requests()
         if self.connector is not None:
             self.take_transfers(finished_recving, finished_sending)
-        if self.config.has("kv_events_published_after_update"):
+        if self.config.enable_kv_cache_events and \
+                self.config.has("kv_events_published_after_update"):
             self.publish_kv_events()
         return self.make_stats(spec_decoding)
 

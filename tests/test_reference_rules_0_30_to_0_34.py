@@ -158,11 +158,15 @@ def test_a_later_hashing_sees_every_item_from_0_31_0():
 
 
 def test_the_scheduler_asks_for_every_item_from_0_31_0():
+    """For a request with items; one without has nothing for the rule to see."""
     for release, flag in (("0.30.0", False), ("0.31.0", True)):
         s = Scheduler(config(releases.rules_of(release)))
-        r = request("r", [1, 2])
+        r = request("r", [1, 2, 3], encoder_inputs=(EncoderInput(1, 2, "img"),))
         s.add_request(r)
         assert r.hash_inputs.later_hashing_sees_every_item is flag
+        plain = request("p", [1, 2])
+        s.add_request(plain)
+        assert plain.hash_inputs.later_hashing_sees_every_item is False
 
 
 def test_a_request_set_aside_waits_in_arrival_order_again_from_0_31_0():

@@ -487,14 +487,15 @@ def test_the_campaign_is_the_same_on_one_process_and_on_forked_workers():
 
 def test_a_stream_no_change_explains_alone_is_named_by_the_fewest_changes_that_do(monkeypatch):
     """Four changes between the releases; the new trace needs `a` and `c` together and
-    does not care about `b` and `d`: the cause is (`a`, `c`), found with a run per change."""
+    does not care about `b` and `d`: the cause is (`a`, `c`), found with a run per change
+    that a run asks about."""
     from types import SimpleNamespace
 
     from harness import upgrade
 
     class Engine(SimpleNamespace):
         def to_json(self):
-            return {"steps": [], "shows": {"a", "c"} <= self.rules}
+            return {"steps": [], "shows": "a" in self.rules and "c" in self.rules}
 
     runs = []
 
@@ -514,7 +515,9 @@ def test_a_stream_no_change_explains_alone_is_named_by_the_fewest_changes_that_d
     new = {"steps": [], "shows": True}
     old = checker.base.to_json()
     assert checker.cause_of(None, new, old, checker.target.to_json()) == ("a", "c")
-    assert len(runs) == 4 + 4  # each change alone, then each left out once
+    # 0.11.0's run asks about `a` alone: `a` tried alone (b, c, d cannot alter that run);
+    # the release's run asks about `a` and `c`: each left out once; `b`, `d` go unrun.
+    assert len(runs) == 1 + 1 + 1 + 2
 
 
 def test_the_examples_shrunk_in_forked_workers_come_back_to_their_causes(monkeypatch):
@@ -535,3 +538,31 @@ def test_the_examples_shrunk_in_forked_workers_come_back_to_their_causes(monkeyp
     assert results[0] == results[1]
     assert results[1][("def",)] == ({"shrunk": "def", "by": "checker"}, True, (1, 3))
     assert results[1][("none",)] == (None, False, (1 << 30, 0))
+
+
+@pytest.mark.parametrize("name", ["async_load_reserves_a_draft_step",
+                                  "whole_item_cut_before_lookups",
+                                  "lone_threshold_counts_a_load_set_aside"])
+def test_a_rule_change_a_run_never_asks_about_leaves_the_run_as_it_was(name):
+    """What lets the upgrade check settle a change without running it: turning over any
+    change the run did not ask about gives the same trace, and the run asks about the
+    changes its stream was written for."""
+    from harness.engines.reference_engine import ReferenceEngine
+    from harness.paths import STREAMS_DIR
+    from harness.runner import run
+    from harness.stream import load_stream
+    from harness.upgrade import Checker
+    from reference import releases
+
+    stream = load_stream(STREAMS_DIR / f"{name}.json")
+    for release in ("0.11.0", "0.34.0"):
+        engine = ReferenceEngine(release)
+        trace, asked = Checker.asking(engine, stream)
+        assert asked and trace == run(ReferenceEngine(release), stream).to_json()
+        unasked = sorted(set(c.name for c in releases.CHANGES) - asked)
+        assert unasked
+        for change in unasked:
+            flipped = ReferenceEngine(release, engine.rules ^ {change})
+            assert run(flipped, stream).to_json() == trace, change
+    assert "async_load_reserves_a_draft_step" in Checker.asking(
+        ReferenceEngine("0.34.0"), load_stream(STREAMS_DIR / "async_load_reserves_a_draft_step.json"))[1]

@@ -169,7 +169,7 @@ class ReferenceEngine:
             else Grammar(frozenset(spec.structured_output.rejected_tokens)),
             encoder_inputs=tuple(EncoderInput(m.offset, m.length, m.hash) for m in spec.mm_inputs),
             pooling=spec.pooling, hash_block_size=c.block_size if c.enable_prefix_caching else None,
-            mm_keys_with_offset=c.has("mm_hash_keys_carry_the_offset"))
+            mm_keys_with_offset=bool(spec.mm_inputs) and c.has("mm_hash_keys_carry_the_offset"))
         self.requests[spec.id] = req
         self.rows[spec.id] = arrival_index
         self.sched.add_request(req)
