@@ -46,6 +46,10 @@ PROFILES: dict[str, dict] = {
                    **_ONE_BUG),
 }
 
+#: Profiles under which every property draws exactly ``max_examples`` streams: a
+#: property's ``scale`` is there to reach rare rules, which the inner loop does not claim.
+UNSCALED = frozenset({"fast"})
+
 
 def in_ci() -> bool:
     """Whether hypothesis would call this a CI run."""

@@ -19,6 +19,7 @@ from hypothesis.strategies import SearchStrategy
 
 from harness import strategies as st
 from harness import workloads
+from harness.profiles import UNSCALED
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,8 @@ class Property:
     # Named rules (harness.reach) it is aimed at: its own streams reach each of them.
     targets: tuple[str, ...] = ()
     # Streams per run, as a multiple of the profile's max_examples: more for a
-    # property whose target fires in fewer than one stream in twenty.
+    # property whose target fires in fewer than one stream in twenty (not under the
+    # profiles of profiles.UNSCALED).
     scale: int = 1
 
     @property
@@ -51,7 +53,7 @@ def given_property(prop: Property, body: Callable[[dict[str, Any]], None]) -> Ca
     report (``harness.reach``) see the same streams as long as neither fails.
     """
     test = given(prop.strategy())(body)
-    if prop.scale != 1:
+    if prop.scale != 1 and settings.get_current_profile_name() not in UNSCALED:
         test = settings(max_examples=settings().max_examples * prop.scale)(test)
     if settings().derandomize:
         test = seed(prop.seed)(test)
