@@ -11,10 +11,12 @@ also written to its report).
 from __future__ import annotations
 
 import datetime
+import os
 import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
@@ -53,6 +55,7 @@ def upgrade_check(version: str, examples: int, seed: int, out: Path | None, reco
     releases untouched).  Exit codes as the module says."""
     check_version(version)
     plain = old == BASE and streams is None
+    started = time.monotonic()
     try:
         ensure_overlay(version, log=lambda m: print(m, file=sys.stderr))
         ensure_stack(version, log=lambda m: print(m, file=sys.stderr))
@@ -93,8 +96,16 @@ def upgrade_check(version: str, examples: int, seed: int, out: Path | None, reco
         if failed:
             _update_index(out, version, "no", f"the engine fails on bundled streams: {failed}", "-")
         else:
-            _update_index(out, version, "yes", *_summary(report))
+            result, causes = _summary(report)
+            _update_index(out, version, "yes", f"{result}; {_took(started)}", causes)
     return code
+
+
+def _took(started: float) -> str:
+    """How long the check took, on how many cores, and when (for the table of releases)."""
+    seconds = round(time.monotonic() - started)
+    return (f"{seconds // 60} min {seconds % 60} s on {os.cpu_count()} cores, "
+            f"{datetime.date.today().isoformat()}")
 
 
 def _could_not_run(report: Path) -> str:

@@ -566,3 +566,13 @@ def test_a_rule_change_a_run_never_asks_about_leaves_the_run_as_it_was(name):
             assert run(flipped, stream).to_json() == trace, change
     assert "async_load_reserves_a_draft_step" in Checker.asking(
         ReferenceEngine("0.34.0"), load_stream(STREAMS_DIR / "async_load_reserves_a_draft_step.json"))[1]
+
+
+def test_a_release_row_says_how_long_its_check_took():
+    import datetime
+    import os
+    import time
+
+    took = upgrade_check._took(time.monotonic() - 75.2)
+    assert took == (f"1 min 15 s on {os.cpu_count()} cores, "
+                    f"{datetime.date.today().isoformat()}")
