@@ -888,7 +888,7 @@ class Scheduler:
     def grammar_batch(self, plan: StepPlan):
         """The structured-output part of the step.  0.11.0 orders it as the worker's
         batch; from 0.11.1 (grammar_rows_in_grant_order) in the order tokens were granted."""
-        if not any(r.grammar is not None for r in self.worker_batch(plan)):
+        if not any(r.grammar is not None for r in self.step_requests(plan)):
             return GrammarBatch()  # nothing constrained: either order gives an empty part
         if self.config.has("grammar_rows_in_grant_order"):
             granted = [self.requests[rid] for rid in plan.num_scheduled_tokens]
@@ -897,6 +897,12 @@ class Scheduler:
             return grammar_batch(granted, plan.spec_tokens, index_among_constrained=True,
                                  invalid_drafts=self.keeps_first_invalid_draft())
         return grammar_batch(self.worker_batch(plan), plan.spec_tokens)
+
+    def step_requests(self, plan: StepPlan) -> list[Request]:
+        """Every request of the step's batch or of its grants (under 0.11.0 a priority
+        victim keeps its grant although it left the batch)."""
+        granted = [self.requests[rid] for rid in plan.num_scheduled_tokens if rid in self.requests]
+        return self.worker_batch(plan) + granted
 
     def is_prefill_chunk(self, request: Request, plan: StepPlan) -> bool:
         """The step leaves part of the request's known tokens uncomputed: it samples nothing
