@@ -174,7 +174,8 @@ def try_schedule_encoder_inputs(
 
 
 def free_encoder_inputs(request: HasEncoderInputs, num_computed_tokens: int,
-                        cache: EncoderCacheManager, *, is_encoder_decoder: bool = False) -> None:
+                        cache: EncoderCacheManager, *, is_encoder_decoder: bool = False,
+                        drafter_lookahead: int = 0) -> None:
     """After a step: let go of the cached items the request has computed past.
 
     Called for every scheduled request once its ``num_computed_tokens`` has
@@ -183,11 +184,12 @@ def free_encoder_inputs(request: HasEncoderInputs, num_computed_tokens: int,
     the iteration order of the set ``get_cached_input_ids`` returns (CPython's
     set order; see ``EncoderCacheManager.free``), which fixes their order in
     the eviction queue.  Unlike ``free``, the set itself is iterated, not a
-    copy, and the two orders can differ.
+    copy, and the two orders can differ.  ``drafter_lookahead``: tokens the computed ones
+    must pass the item's end by (encoder_outputs_held_for_the_drafter).
     """
     for input_id in list(cache.get_cached_input_ids(request)):
         item = request.encoder_inputs[input_id]
         done = ((is_encoder_decoder and num_computed_tokens > 0)
-                or already_in_kv(item, num_computed_tokens))
+                or already_in_kv(item, num_computed_tokens - drafter_lookahead))
         if done:
             cache.free_encoder_input(request, input_id)

@@ -310,6 +310,13 @@ CHANGES: tuple[RuleChange, ...] = (
         "whose page holds max_model_len tokens, makes the engine raise AssertionError.  "
         "Found by the 0.26.0 campaign (seed 1); 0.22.1's coordinator has no such check."),
     RuleChange(
+        "encoder_outputs_held_for_the_drafter", "0.24.0", "",
+        "Multimodal inputs with an eagle drafter: a request lets go of an item's encoder "
+        "output only once its computed tokens pass the item's end by the drafter's "
+        "read-ahead (one token), not as soon as they reach it, so the entry stays "
+        "referenced one step longer and cannot be evicted for another item.  Undone in "
+        "0.33.0.  Found by the 0.32.0 check (seed 1).", until="0.33.0"),
+    RuleChange(
         "every_uncached_page_reused_first", "0.24.0", "",
         "Every page given back (a finished or preempted request's, of any group) goes to "
         "the head of the free queue when it holds no cached prefix, in the order given, so "
@@ -431,6 +438,12 @@ CHANGES: tuple[RuleChange, ...] = (
         "(none may be left mid-prefill, as before).  Found by "
         "the 0.30.0 check of loaded_preempted_request_resumes and "
         "real_azure_conv_priority_drafts."),
+    RuleChange(
+        "placeholder_leaves_last_row_unfilled", "0.30.0", "",
+        "Structured output: after a placeholder draft (-1, the padding of "
+        "new_decode_padded_with_drafts) the bitmask row of the token sampled after the "
+        "drafts is left unfilled too, like the rows of the drafts after the placeholder; "
+        "the placeholder's own row is still filled.  Found by the 0.33.0 check (seed 1)."),
     RuleChange(
         "threshold_lifted_for_a_lone_request", "0.31.0", "#57951",
         "The long-prefill token threshold caps nothing in a step that starts with a single "

@@ -895,7 +895,9 @@ class Scheduler:
             if self.config.has("grammar_rows_skip_prefill_chunks"):
                 granted = [r for r in granted if not self.is_prefill_chunk(r, plan)]
             return grammar_batch(granted, plan.spec_tokens, index_among_constrained=True,
-                                 invalid_drafts=self.keeps_first_invalid_draft())
+                                 invalid_drafts=self.keeps_first_invalid_draft(),
+                                 last_row_after_placeholder=not self.config.has(
+                                     "placeholder_leaves_last_row_unfilled"))
         return grammar_batch(self.worker_batch(plan), plan.spec_tokens)
 
     def step_requests(self, plan: StepPlan) -> list[Request]:
@@ -932,7 +934,14 @@ class Scheduler:
             if not request.left_mid_prefill:
                 self.inflight_prefills.pop(req_id, None)
             if request.encoder_inputs:
-                free_encoder_inputs(request, request.num_computed_tokens, self.encoder_cache)
+                free_encoder_inputs(request, request.num_computed_tokens, self.encoder_cache,
+                                    drafter_lookahead=self.encoder_free_lookahead())
+
+    def encoder_free_lookahead(self) -> int:
+        """Tokens past an item's end its encoder output stays held for: from 0.24.0 until
+        0.33.0 (encoder_outputs_held_for_the_drafter) an eagle drafter's read-ahead, one."""
+        return int(self.config.use_eagle
+                   and self.config.has("encoder_outputs_held_for_the_drafter"))
 
     def _forget_reported_finished(self) -> None:
         """Finished ids are handed to the worker once, in the next step's output."""

@@ -66,7 +66,8 @@ class GrammarBatch:
 
 def grammar_batch(batch: list, spec_tokens: dict[str, list[int]],
                   index_among_constrained: bool = False,
-                  invalid_drafts: bool = False) -> GrammarBatch:
+                  invalid_drafts: bool = False,
+                  last_row_after_placeholder: bool = True) -> GrammarBatch:
     """Index the constrained requests of ``batch`` and fill their rows, in that order.
 
     0.11.0 indexes a request by its place in the whole batch, whose order is the
@@ -80,7 +81,8 @@ def grammar_batch(batch: list, spec_tokens: dict[str, list[int]],
         position = constrained if index_among_constrained else batch
         out.batch_index[request.request_id] = position.index(request)
     for request in constrained:
-        out.rows += rows_of(request, spec_tokens.get(request.request_id, []), invalid_drafts)
+        out.rows += rows_of(request, spec_tokens.get(request.request_id, []), invalid_drafts,
+                            last_row_after_placeholder)
     return out
 
 
@@ -88,13 +90,16 @@ def grammar_batch(batch: list, spec_tokens: dict[str, list[int]],
 UNFILLED_ROW = -1
 
 
-def rows_of(request, drafts: list[int], invalid_drafts: bool = False) -> list[BitmaskRow]:
+def rows_of(request, drafts: list[int], invalid_drafts: bool = False,
+            last_row_after_placeholder: bool = True) -> list[BitmaskRow]:
     """One row per draft plus one: the grammar steps through the drafts, then back.
 
     A placeholder draft (-1: the padding of new_decode_padded_with_drafts, from 0.25.0
     the only drafts that can be one) gets its row in the state reached so far; the
     grammar stops there and the rows of the drafts after it are left unfilled, while the
-    last row, the token sampled after the drafts, is filled in the state reached.
+    last row, the token sampled after the drafts, is filled in the state reached; from
+    0.30.0 (placeholder_leaves_last_row_unfilled, ``last_row_after_placeholder`` false)
+    it is left unfilled too.
 
     ``invalid_drafts`` (from 0.34.0, grammar_keeps_first_invalid_draft): the drafts may end
     with one the grammar rejects, or hold placeholders (-1); the rows after such a draft
@@ -111,7 +116,9 @@ def rows_of(request, drafts: list[int], invalid_drafts: bool = False) -> list[Bi
         elif not stopped:
             grammar.accept([token])
             advanced += 1
-    rows.append(BitmaskRow(request.request_id, grammar.num_accepted))
+    last_unfilled = stopped and not last_row_after_placeholder
+    rows.append(BitmaskRow(request.request_id,
+                           UNFILLED_ROW if last_unfilled else grammar.num_accepted))
     grammar.rollback(advanced)
     return rows
 

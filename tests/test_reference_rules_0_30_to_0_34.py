@@ -374,3 +374,43 @@ def test_the_first_rejected_draft_stays_and_its_rows_are_unfilled_from_0_34_0():
         assert out.scheduled_spec_decode_tokens == {"a": drafts}, rules
         assert [row.grammar_state - grammar.num_accepted if row.grammar_state >= 0 else -1
                 for row in out.grammar.rows] == rows, rules
+
+
+def test_the_last_row_after_a_placeholder_is_left_unfilled_from_0_30_0():
+    """placeholder_leaves_last_row_unfilled: drafts [5, -1, -1] give rows in states 0 and 1
+    (the placeholder's own row), two unfilled, and the sampled token's row: in state 1 up
+    to 0.29.0, unfilled from 0.30.0.  Without a placeholder the last row is filled."""
+    from types import SimpleNamespace
+
+    from reference.structured_output import UNFILLED_ROW, rows_of
+
+    def states(drafts, last_row_after_placeholder):
+        request = SimpleNamespace(request_id="r", grammar=Grammar(ready=True))
+        rows = rows_of(request, drafts, last_row_after_placeholder=last_row_after_placeholder)
+        assert request.grammar.num_accepted == 0  # rolled back
+        return [row.grammar_state for row in rows]
+
+    assert states([5, -1, -1], True) == [0, 1, UNFILLED_ROW, 1]
+    assert states([5, -1, -1], False) == [0, 1, UNFILLED_ROW, UNFILLED_ROW]
+    assert states([5, 6], False) == [0, 1, 2]
+
+
+def test_an_encoder_output_is_held_one_token_longer_for_an_eagle_drafter_0_24_to_0_32():
+    """encoder_outputs_held_for_the_drafter: an item at tokens 2-4 is let go once 5 tokens
+    are computed; with the drafter's read-ahead held back, only at 6."""
+    from types import SimpleNamespace
+
+    from reference.encoder_cache import EncoderCacheManager
+    from reference.encoder_inputs import free_encoder_inputs
+
+    for lookahead, still_held_at_5 in ((0, False), (1, True)):
+        cache = EncoderCacheManager(8)
+        request = SimpleNamespace(request_id="r", encoder_inputs=(EncoderInput(2, 3, "img"),))
+        cache.allocate(request, 0)
+        free_encoder_inputs(request, 5, cache, drafter_lookahead=lookahead)
+        assert (cache.holders["img"] == {"r"}) is still_held_at_5
+        free_encoder_inputs(request, 6, cache, drafter_lookahead=lookahead)
+        assert cache.holders["img"] == set()  # freeable: another item may evict it
+    assert "encoder_outputs_held_for_the_drafter" in releases.rules_of("0.32.0")
+    assert "encoder_outputs_held_for_the_drafter" not in releases.rules_of("0.23.0")
+    assert "encoder_outputs_held_for_the_drafter" not in releases.rules_of("0.33.0")
