@@ -888,10 +888,12 @@ class Scheduler:
     def grammar_batch(self, plan: StepPlan):
         """The structured-output part of the step.  0.11.0 orders it as the worker's
         batch; from 0.11.1 (grammar_rows_in_grant_order) in the order tokens were granted."""
-        if not any(r.grammar is not None for r in self.step_requests(plan)):
-            return GrammarBatch()  # nothing constrained: either order gives an empty part
+        # Every request of the batch has a grant (a priority victim of 0.11.0 keeps its
+        # grant after leaving the batch): with none constrained, both orders give nothing.
+        granted = [self.requests[rid] for rid in plan.num_scheduled_tokens]
+        if not any(r.grammar is not None for r in granted):
+            return GrammarBatch()
         if self.config.has("grammar_rows_in_grant_order"):
-            granted = [self.requests[rid] for rid in plan.num_scheduled_tokens]
             if self.config.has("grammar_rows_skip_prefill_chunks"):
                 granted = [r for r in granted if not self.is_prefill_chunk(r, plan)]
             return grammar_batch(granted, plan.spec_tokens, index_among_constrained=True,
@@ -899,12 +901,6 @@ class Scheduler:
                                  last_row_after_placeholder=not self.config.has(
                                      "placeholder_leaves_last_row_unfilled"))
         return grammar_batch(self.worker_batch(plan), plan.spec_tokens)
-
-    def step_requests(self, plan: StepPlan) -> list[Request]:
-        """Every request of the step's batch or of its grants (under 0.11.0 a priority
-        victim keeps its grant although it left the batch)."""
-        granted = [self.requests[rid] for rid in plan.num_scheduled_tokens if rid in self.requests]
-        return self.worker_batch(plan) + granted
 
     def is_prefill_chunk(self, request: Request, plan: StepPlan) -> bool:
         """The step leaves part of the request's known tokens uncomputed: it samples nothing
