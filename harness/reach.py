@@ -101,7 +101,8 @@ def rules_reached(stream: Stream, rules: Iterable[Rule], skip_undecided: bool = 
             if skip_undecided and rule.name not in decided:
                 continue
             with rule.mutant.patch():
-                if _outcome(run(engine, stream)) != original:
+                # Held to the trace: a mutant run stops at its first different step.
+                if _outcome(run(engine, stream, like=trace)) != original:
                     reached.add(rule.name)
     return [r.name for r in live if r.name in reached]
 

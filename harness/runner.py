@@ -49,6 +49,14 @@ class LimitExceeded(Exception):
     pass
 
 
+#: The verdict of a run stopped at its first difference from the trace it was held to.
+UNLIKE = "unlike"
+
+
+class _Unlike(Exception):
+    """The run under way has left the trace it is held to (see :func:`run`'s ``like``)."""
+
+
 def resident_bytes() -> int:
     """The process's resident memory now (Linux), or its peak elsewhere."""
     try:
@@ -59,14 +67,24 @@ def resident_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def run(engine: Engine, stream: Stream, limits: Limits | None = None) -> Trace:
-    """Run ``stream`` through ``engine``; engine exceptions end the trace with a failure."""
+def run(engine: Engine, stream: Stream, limits: Limits | None = None,
+        like: Trace | None = None) -> Trace:
+    """Run ``stream`` through ``engine``; engine exceptions end the trace with a failure.
+
+    ``like``: a trace of the same stream to hold the run to; the run stops at the first
+    header or step record that differs from it (verdict :data:`UNLIKE`), since the
+    rule report only asks whether a mutant changes the trace, not how.
+    """
     trace = Trace(engine=engine.name, vllm_version=engine.version(), stream=stream)
     try:
         engine.start(stream)
         trace.kv_cache = engine.kv_cache_header()
-        _loop(engine, stream, trace, limits or Limits())
+        if like is not None and trace.kv_cache != like.kv_cache:
+            raise _Unlike
+        _loop(engine, stream, trace, limits or Limits(), like)
         engine.shutdown()
+    except _Unlike:
+        trace.fail(len(trace.steps), "left the trace it was held to", verdict=UNLIKE)
     except LimitExceeded as exc:
         trace.fail(len(trace.steps), str(exc))
     except Exception as exc:  # an assertion or error inside the engine
@@ -84,7 +102,8 @@ def _check_limits(step: int, started: float, limits: Limits) -> None:
                             f"before step {step}")
 
 
-def _loop(engine: Engine, stream: Stream, trace: Trace, limits: Limits) -> None:
+def _loop(engine: Engine, stream: Stream, trace: Trace, limits: Limits,
+          like: Trace | None = None) -> None:
     started = time.monotonic()
     by_id = {r.id: r for r in stream.requests}
     arrivals: dict[int, list] = defaultdict(list)
@@ -160,8 +179,16 @@ def _loop(engine: Engine, stream: Stream, trace: Trace, limits: Limits) -> None:
         trace.steps.append(step_record(step, scheduled, emitted, states,
                                        engine.num_free_blocks(), reset, optional,
                                        stats, kv_events, kv_connector, updated))
+        if like is not None and not _same_step(trace, like):
+            raise _Unlike
         engine.end_step()
         step += 1
+
+
+def _same_step(trace: Trace, like: Trace) -> bool:
+    """The step just recorded is the one ``like`` recorded at that point."""
+    i = len(trace.steps) - 1
+    return i < len(like.steps) and trace.steps[i] == like.steps[i]
 
 
 @dataclass

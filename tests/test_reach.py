@@ -234,3 +234,21 @@ def test_a_false_question_is_caught():
         rule.mutant, patch=Replacement(p.owner, p.attr, p.new, question=True)))
     stream = load_stream(STREAMS_DIR / "seed_fcfs_preempt_recompute.json")
     assert broken_skips(stream, [lying])
+
+
+def test_a_run_held_to_a_trace_stops_where_it_leaves_it():
+    """runner.run(like=trace), as rules_reached runs a mutant: held to its own trace a run
+    is the plain run; held to the trace of the unbroken rule, a mutant's run stops right
+    after the first step that differs (verdict unlike)."""
+    from harness.engines import get_engine
+    from harness.runner import UNLIKE, run
+    stream = load_stream(STREAMS_DIR / "seed_fcfs_preempt_recompute.json")
+    engine = get_engine("reference")
+    plain = run(engine, stream)
+    assert run(engine, stream, like=plain).to_json() == plain.to_json()
+    with RULES["preempted_keep_progress"].mutant.patch():
+        mutated = run(engine, stream)
+        held = run(engine, stream, like=plain)
+    first = next(i for i, (a, b) in enumerate(zip(plain.steps, mutated.steps)) if a != b)
+    assert first + 1 < len(mutated.steps)  # the stop saves steps
+    assert held.verdict == UNLIKE and held.steps == mutated.steps[:first + 1]
