@@ -29,7 +29,7 @@ from harness import profiles
 from harness.conformance import Divergent, assert_conforms
 from harness.engines import get_engine
 from harness.properties import by_name
-from harness.stream import parse_stream
+from harness.stream import parse_drawn_stream
 from harness.stats import Stats
 
 #: Streams per chunk: fixed, so that a campaign's chunks are the same whatever runs them.
@@ -118,7 +118,7 @@ def run_chunk(chunk: Chunk, profile: str, engines: tuple[str, ...], folder: Path
         if stop is not None and stop():
             raise Interrupted
         # After the first failure hypothesis only shrinks: those runs are not new streams.
-        stream = parse_stream(data)
+        stream = parse_drawn_stream(data)
         if failed:
             result.shrink_runs += 1
         else:

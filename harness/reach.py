@@ -37,7 +37,7 @@ from harness.mutants import REFERENCE_MUTANTS
 from harness.patches import Mutant
 from harness.properties import PROPERTIES, Property, by_name, given_property
 from harness.runner import run
-from harness.stream import Stream, parse_stream
+from harness.stream import Stream, parse_drawn_stream
 from harness.text import markdown_table
 from reference.releases import RELEASES
 
@@ -246,7 +246,7 @@ def reach_of_property(prop: Property, rules: list[Rule], examples: int | None = 
         return before[rule.name] + result.counts[rule.name] < enough
 
     def body(data):
-        reached = rules_reached(parse_stream(data), [r for r in rules if judged(r)],
+        reached = rules_reached(parse_drawn_stream(data), [r for r in rules if judged(r)],
                                 skip_undecided)
         for name in reached:
             event(f"reaches {name}")

@@ -53,7 +53,7 @@ from harness.model import accepted_prefix
 from harness.paths import MODELS_DIR
 from reference import kv_sizing
 from harness.stream import (Config, KVCacheGroup, RequestSpec, StreamError, kv_cache_layout,
-                            max_pages_per_request, parse_stream)
+                            max_pages_per_request, parse_drawn_stream, shape_errors)
 
 __all__ = [
     "STOP_MODES", "configs", "streams", "preemption_streams", "prefix_cache_streams",
@@ -202,7 +202,11 @@ def configs(draw, **overrides: Any) -> dict[str, Any]:
             block_size)
         config["kv_cache_memory_bytes"] = (config.pop("num_gpu_blocks") * page
                                            + draw(st.integers(0, page - 1)))
-    _check_config_dict(config)
+    # The fields that the overrides give, or size (budget and spare_blocks).
+    given = set(overrides)
+    given |= {"max_num_batched_tokens"} if "budget" in given else set()
+    given |= {"num_gpu_blocks", "kv_cache_memory_bytes"} if "spare_blocks" in given else set()
+    _check_config_dict(config, pinned=given & set(config))
     return config
 
 
@@ -260,11 +264,21 @@ def _group(draw, kind: str, block_size: int) -> dict[str, Any]:
     return {"type": kind}
 
 
-def _check_config_dict(config: dict[str, Any]) -> None:
-    """Validate a config with a one-token dummy request; bad overrides raise InvalidArgument."""
+def _check_config_dict(config: dict[str, Any], pinned: set[str]) -> None:
+    """Validate a config with a one-token dummy request; bad overrides raise InvalidArgument.
+
+    The schema's walk covers the fields the caller ``pinned``: the fields drawn here are
+    within its bounds by construction (tests/test_strategies.py parses whole configs and
+    streams of every strategy), and the walk over a whole config would cost a few times
+    more than the rest of the check.  Every cross-field rule is checked.
+    """
+    requests = [{"id": "x", "prompt": [0], "output": [0], "max_tokens": 1}]
     try:
-        parse_stream({"config": config,
-                      "requests": [{"id": "x", "prompt": [0], "output": [0], "max_tokens": 1}]})
+        errors = shape_errors({"config": {k: config[k] for k in sorted(pinned)},
+                               "requests": requests})
+        if errors:
+            raise StreamError(errors)
+        parse_drawn_stream({"config": config, "requests": requests})
     except StreamError as exc:
         raise InvalidArgument(f"configs(): overrides give an invalid config: {exc}") from None
 
@@ -1404,7 +1418,7 @@ def pipeline_streams(draw, **knobs: Any) -> dict[str, Any]:
     config.update(num_speculative_tokens=0,
                   pipeline_parallel_size=draw(st.integers(2, 4)))
     if config.get("kv_cache_memory_bytes") is not None:  # sized as one worker: in pages
-        config["num_gpu_blocks"] = kv_cache_layout(parse_stream(data).config).num_blocks
+        config["num_gpu_blocks"] = kv_cache_layout(parse_drawn_stream(data).config).num_blocks
         del config["kv_cache_memory_bytes"]
     requests = data["requests"]
     _without_drafts_and_transfers(requests)
@@ -1450,7 +1464,7 @@ def _align_model_len(data: dict[str, Any]) -> None:
         return
     candidate = {**data, "config": {**config, "max_model_len": aligned}}
     try:
-        parse_stream(candidate)
+        parse_drawn_stream(candidate)
     except StreamError:
         return
     data["config"] = candidate["config"]
@@ -1473,7 +1487,7 @@ def _add_follow_up(draw, data: dict[str, Any], arrival: int) -> None:
                  "prompt": prompt, "arrival_step": arrival}
     candidate = {**data, "requests": data["requests"] + [follow_up]}
     try:
-        parse_stream(candidate)
+        parse_drawn_stream(candidate)
     except StreamError:
         return
     data["requests"] = candidate["requests"]

@@ -17,7 +17,7 @@ from harness import profiles
 from harness.conformance import assert_conforms
 from harness.paths import ROOT, STREAMS_DIR
 from harness.properties import PROPERTIES, given_property
-from harness.stream import parse_stream
+from harness.stream import parse_drawn_stream, parse_stream
 
 pytestmark = [pytest.mark.conformance, pytest.mark.needs_vllm]
 
@@ -48,7 +48,7 @@ def _engines(request, vllm_engine):
 def _property_test(prop):
     def check(data):
         engine = UNDER_TEST[0]
-        stream = parse_stream(data)
+        stream = parse_drawn_stream(data)
         if engine.name != "vllm" and engine.refuses(stream) is not None:
             return  # not taken by this engine
         assert_conforms(stream, label=prop.test_name, aim=AIM, vllm=engine)

@@ -28,7 +28,8 @@ from harness import strategies as S
 from harness.engines import get_engine
 from harness.properties import PROPERTIES
 from harness.runner import run
-from harness.stream import OPTIONAL_CONFIG_FIELDS, Config, Stream, parse_stream
+from harness.stream import (OPTIONAL_CONFIG_FIELDS, Config, Stream, parse_drawn_stream,
+                            parse_stream)
 
 pytestmark = pytest.mark.selftest
 from harness.trace import Trace
@@ -54,6 +55,9 @@ def check_stream_dict(data: dict[str, Any], real: bool = False) -> Stream:
     the trace (harness.workloads.real_workload_streams), so only validity is checked."""
     assert json.loads(json.dumps(data)) == data, "not plain JSON"
     stream = parse_stream(data)
+    # The conformance tests, campaigns and rule report parse drawn streams without the
+    # schema's walk: the whole parse must give the same stream.
+    assert parse_drawn_stream(data) == stream
     ids = [r["id"] for r in data["requests"]]
     assert len(set(ids)) == len(ids) and all(re.fullmatch(r"r\d{1,3}", i) for i in ids)
     if real:
@@ -124,6 +128,9 @@ def test_contradictory_config_overrides_are_rejected():
 
     with pytest.raises(InvalidArgument, match="max_num_batched_tokens"):
         draw_one()
+    # A pinned field outside the schema's bounds (the schema's walk covers pinned fields).
+    with pytest.raises(InvalidArgument, match=r"config\.enable_prefix_caching: .*true or false"):
+        given(S.configs(enable_prefix_caching="yes"))(lambda c: None)()
     with pytest.raises(InvalidArgument, match="unknown field"):
         given(S.configs(blocksize=4))(lambda c: None)()
 

@@ -803,3 +803,12 @@ def test_pool_from_memory_rules():
     rejects({**data, "config": {**data["config"], "kv_cache_memory_bytes": 8 * PAGE_16,
                                 "kv_cache_groups": [{"type": "full"}]}},
             r"^config\.kv_cache_memory_bytes: not with kv_cache_groups")
+
+
+def test_a_drawn_stream_is_held_to_every_cross_field_rule():
+    """parse_drawn_stream (the strategies' data) skips only the schema's walk."""
+    from harness.stream import parse_drawn_stream
+    with pytest.raises(StreamError, match=r"prompt: length 32 must be < max_model_len \(32\)"):
+        parse_drawn_stream(stream(requests=[req(prompt=list(range(32)))]))
+    data = stream(requests=[req(prompt=list(range(31)), output=[1])])
+    assert parse_drawn_stream(data) == parse_stream(data)

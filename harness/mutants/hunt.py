@@ -38,7 +38,7 @@ from harness.patches import Mutant
 from harness.properties import PROPERTIES
 from harness.reach import BASE_RELEASE, Rule
 from harness.runner import run
-from harness.stream import parse_stream
+from harness.stream import parse_drawn_stream, parse_stream
 from harness.text import markdown_table
 
 
@@ -82,7 +82,7 @@ def hunt(mutant: Mutant, max_examples: int = 200, budget: float | None = None,
             seen += 1
             try:
                 with mutant.patch():
-                    assert_conforms(data, label=f"mutant-{mutant.name}", reference=ref, vllm=vllm,
+                    assert_conforms(parse_drawn_stream(data), label=f"mutant-{mutant.name}", reference=ref, vllm=vllm,
                                     replay_env=f"HARNESS_MUTANT={mutant.name}")
             except Divergent as exc:
                 if not first_failure:
@@ -163,7 +163,7 @@ def _kills_in_set(set_name: str, profile: str, names: list[str]) -> dict[str, An
     # did not decide gives the reference's own trace, which is vLLM's (harness.decided).
     watch = Watch([Rule(m, BASE_RELEASE) for m in chosen if m.side == "reference"])
     for i, data in enumerate(streams, 1):
-        stream = parse_stream(data)
+        stream = parse_drawn_stream(data)
         theirs = run(vllm, stream).to_json()
         trace, decided = watch.decided_during(lambda: run(ref, stream))
         mine = trace.to_json()
