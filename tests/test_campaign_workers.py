@@ -129,7 +129,7 @@ def test_two_workers_keep_the_same_counterexample_as_one_under_a_mutant(tmp_path
     mutant = {"HARNESS_MUTANT": "free_forward_order"}
     # A seed whose divergence shrinks well inside hypothesis's five minutes: a shrink cut
     # short by that clock ends wherever the clock found it, on any number of workers.
-    args = ("--examples", "150", "--seed", "6", "--profile", "ci")
+    args = ("--examples", "150", "--seed", "4", "--profile", "ci")
     one, kept_one = fuzz(tmp_path, *args, "--workers", "1", env=mutant)
     two, kept_two = fuzz(tmp_path, *args, "--workers", "2", env=mutant)
     assert one["outcome"] == "diverged" and kept_one
