@@ -103,7 +103,8 @@ class KVCacheManager:
         num_computed = request.num_computed_tokens + num_new_computed_tokens
         num_slots = min(num_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
         with_loaded = num_computed + num_external_tokens  # ``num_new_tokens`` holds the loaded ones
-        if self.coordinator.pages_to_allocate(rid, num_slots, hits, with_loaded) \
+        if self.coordinator.pages_to_allocate(rid, num_slots, hits, with_loaded,
+                                              self.allocation_bound()) \
                 > self.pool.num_free_blocks() - reserved_blocks:
             return None
         if self.enable_caching and any(hits) and not self.has("window_hits_skipped_at_admission"):
@@ -133,6 +134,15 @@ class KVCacheManager:
         if not self.has_window_groups or not self.has("window_admission_capped"):
             return None
         return self.tokens_in_flight, self.max_model_len
+
+    def allocation_bound(self) -> tuple[int, int] | None:
+        """The admission cap, counted at every allocation as well in 0.20.0 and 0.20.1
+        (window_cap_on_every_allocation), else None.  A running request's window pages
+        are then counted up to the cap while the pages it takes are not, so a pool short
+        by those pages passes the count and fails as the pages are taken (ValueError)."""
+        if not self.has_window_groups or not self.has("window_cap_on_every_allocation"):
+            return None
+        return self.admission_bound()
 
     def pages_still_needed(self, request: Request, extra_tokens: int = 0) -> int:
         """Pages the request must still be given to hold all its tokens (capped at

@@ -251,15 +251,23 @@ CHANGES: tuple[RuleChange, ...] = (
         "that block (half of quirks.MM_HASH_ON_BLOCK_AFTER_A_LATER_HASHING is gone; a later "
         "hashing still looks at the last item only)."),
     RuleChange(
-        "window_admission_capped", "0.20.0", "",
+        "window_admission_capped", "0.20.0", "#40946",
         "The whole-sequence admission test (admission_reserves_whole_sequence) counts a "
         "sliding-window or chunked-local group's pages up to the most one request can hold "
         "at once: its window's earlier tokens (sliding_window - 1) plus a step's budget, "
         "one page more, or a chunk plus a step's budget, never more than max_model_len's "
         "pages.  The same count is used for the pages a prefill under way still needs "
         "(async_load_leaves_room_for_prefills).  Found by the 0.26.0 campaign (seed 1); "
-        "0.20.0 and 0.20.1 apply the cap to every allocation, not only at admission "
-        "(not modelled; stream window_admission_capped shows both alike)."),
+        "0.20.0 and 0.20.1 apply the cap to every allocation as well "
+        "(window_cap_on_every_allocation)."),
+    RuleChange(
+        "window_cap_on_every_allocation", "0.20.0", "#40946",
+        "The cap of window_admission_capped also bounds the page count of every "
+        "allocation: a running request's window pages are counted up to the cap, yet as "
+        "many pages are taken as its table grows by, so a pool short by those pages "
+        "passes the count and the engine fails taking them (ValueError) where it would "
+        "have turned the request away.  0.20.2 keeps the cap to the admission test.",
+        until="0.20.2"),
     RuleChange(
         "waiting_stats_count_set_aside_apart", "0.20.0", "",
         "Scheduler stats: num_waiting_reqs counts the waiting queue only; the requests "

@@ -105,3 +105,23 @@ def test_eagle_lookahead_item_waits_from_0_13_0_until_0_28_0():
     waits = releases.change("eagle_lookahead_item_waits")
     assert [waits.in_effect(r) for r in ("0.12.0", "0.13.0", "0.27.1", "0.28.0", "0.29.0")] \
         == [False, True, True, False, False]
+
+
+def test_window_cap_on_every_allocation_fails_the_engine_in_0_20_0_and_0_20_1():
+    """The bundled stream of that name: at step 7 r0 needs a page in each group and none is
+    free.  0.20.0 and 0.20.1 count its window page as none (its table is as long as the
+    admission cap) and fail taking it; 0.20.2 counts it and preempts r1."""
+    from harness.engines import get_engine
+    from harness.paths import STREAMS_DIR
+    from harness.runner import run
+    from harness.stream import load_stream
+    cap = releases.change("window_cap_on_every_allocation")
+    assert [cap.in_effect(r) for r in ("0.19.1", "0.20.0", "0.20.1", "0.20.2", "0.21.0")] \
+        == [False, True, True, False, False]
+    stream = load_stream(STREAMS_DIR / "window_cap_on_every_allocation.json")
+    for release in ("0.20.0", "0.20.1"):
+        failed = run(get_engine("reference", release=release), stream)
+        assert (failed.verdict, failed.failure["step"]) == ("engine_failure", 7)
+        assert failed.failure["message"].startswith("ValueError")
+    fixed = run(get_engine("reference", release="0.20.2"), stream)
+    assert fixed.verdict == "completed" and fixed.steps[7]["preempted"] == ["r1"]

@@ -1362,6 +1362,7 @@ _CHANGE_MODULES = {
     "async_load_leaves_room_for_prefills": SCHEDULER,
     "connector_finish_sees_computed_pages": SCHEDULER,
     "window_admission_capped": SINGLE_TYPE,
+    "window_cap_on_every_allocation": SINGLE_TYPE,
     "passed_over_victim_keeps_the_pass": SCHEDULER,
     "lone_group_must_divide_block_size": KV_CACHE_COORDINATOR,
     "recached_outputs_not_freed": "vllm/v1/core/encoder_cache_manager.py",
@@ -1432,6 +1433,7 @@ _CHANGE_APPLIES = {
     "async_load_leaves_room_for_prefills": connector_async,
     "connector_finish_sees_computed_pages": connector,
     "window_admission_capped": lambda s: sliding(s) or chunked_local(s),
+    "window_cap_on_every_allocation": lambda s: sliding(s) or chunked_local(s),
     "passed_over_victim_keeps_the_pass": priority,
     "lone_group_must_divide_block_size": lambda s: s.config.kv_cache_groups is not None
     and len(s.config.kv_cache_groups) == 1,
