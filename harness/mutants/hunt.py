@@ -82,7 +82,8 @@ def hunt(mutant: Mutant, max_examples: int = 200, budget: float | None = None,
             seen += 1
             try:
                 with mutant.patch():
-                    assert_conforms(parse_drawn_stream(data), label=f"mutant-{mutant.name}", reference=ref, vllm=vllm,
+                    assert_conforms(parse_drawn_stream(data), label=f"mutant-{mutant.name}",
+                                    reference=ref, vllm=vllm,
                                     replay_env=f"HARNESS_MUTANT={mutant.name}")
             except Divergent as exc:
                 if not first_failure:
