@@ -398,14 +398,10 @@ def parse_stream(data: Any, default_name: str = "") -> Stream:
     errors = shape_errors(data)
     if errors:
         raise StreamError(errors)
-    stream = _build(data, default_name)
-    errors = _pool_given_twice(data) + rule_errors(stream)
-    if errors:
-        raise StreamError(errors)
-    return stream
+    return parse_drawn_stream(data, default_name)
 
 
-def parse_drawn_stream(data: dict[str, Any]) -> Stream:
+def parse_drawn_stream(data: dict[str, Any], default_name: str = "") -> Stream:
     """A Stream from data that ``harness.strategies`` drew: every cross-field rule is
     checked, the schema's walk is not.
 
@@ -414,7 +410,7 @@ def parse_drawn_stream(data: dict[str, Any]) -> Stream:
     strategy's output to the whole of :func:`parse_stream`.  Data from anywhere else
     (a file, a user, a recorded trace) goes through :func:`parse_stream`.
     """
-    stream = _build(data, "")
+    stream = _build(data, default_name)
     errors = _pool_given_twice(data) + rule_errors(stream)
     if errors:
         raise StreamError(errors)
