@@ -70,8 +70,15 @@ def encoder_slots(request: HasEncoderInputs, input_id: int) -> int:
 class EncoderCacheManager:
     """Held, freeable and evicted encoder outputs, and the room they take."""
 
-    def __init__(self, cache_size: int):
+    def __init__(self, cache_size: int, *, items_taken_per_request: bool = False,
+                 held_to_last_occurrence: bool = False):
         self.cache_size = cache_size
+        # From 0.23.0 (rule change items_taken_per_request): the items each request
+        # found in the cache or had encoded, by index; only these are let go of later.
+        self.items_taken_per_request = items_taken_per_request
+        self.taken: dict[str, set[int]] = {}
+        # From 0.29.0 (held_to_last_occurrence): an item repeated within a request.
+        self.held_to_last_occurrence = held_to_last_occurrence
         self.num_free_slots = cache_size
         self.num_freeable_slots = cache_size
         # Every entry still in the cache (held or freeable) -> the requests holding it.
@@ -98,14 +105,28 @@ class EncoderCacheManager:
         if not self.holders[mm_hash]:
             self.num_freeable_slots -= self.freeable.pop(mm_hash)
         self.holders[mm_hash].add(request.request_id)
+        self.note_taken(request, input_id)
         return True
+
+    def note_taken(self, request: HasEncoderInputs, input_id: int) -> None:
+        """From 0.23.0: remember that the request took this item (hit or encoded)."""
+        if self.items_taken_per_request:
+            self.taken.setdefault(request.request_id, set()).add(input_id)
 
     def get_cached_input_ids(self, request: HasEncoderInputs) -> set[int]:
         """Indices of the request's items whose hash is in the cache, held or not.
 
         A set, built in ascending index order: the order in which ``free``
         later visits the items is this set's iteration order (see ``free``).
+
+        From 0.23.0 (items_taken_per_request) it is instead the set of items
+        the request took, itself (not a copy), built by the same adds and
+        discards as vLLM's, so that it iterates in the same order.  An item
+        whose hash another item of the request or another request put in the
+        cache is not in it until the request looks that item up.
         """
+        if self.items_taken_per_request:
+            return self.taken.get(request.request_id, set())
         return {i for i in range(len(request.encoder_inputs))
                 if request.encoder_inputs[i].mm_hash in self.holders}
 
@@ -159,6 +180,7 @@ class EncoderCacheManager:
         if num_tokens > self.num_free_slots or num_tokens > self.num_freeable_slots:
             raise AssertionError(f"no room for {mm_hash}: can_allocate was not asked first")
         self.holders.setdefault(mm_hash, set()).add(request.request_id)
+        self.note_taken(request, input_id)
         self.lengths.setdefault(mm_hash, num_tokens)
         self.num_free_slots -= num_tokens
         self.num_freeable_slots -= num_tokens
@@ -171,10 +193,22 @@ class EncoderCacheManager:
         An item not in the cache, or one nobody holds, is left alone (so
         freeing twice is harmless).  A freeable entry goes to the back of the
         eviction order, sized by *this* request's item.
+
+        From 0.23.0 the item leaves the request's taken ones first, whatever
+        the entry's state.  From 0.29.0 (held_to_last_occurrence) the request
+        goes on holding the entry while another item it took has the same hash.
         """
         mm_hash = request.encoder_inputs[input_id].mm_hash
+        taken = self.taken.get(request.request_id)
+        if taken is not None:
+            taken.discard(input_id)
+            if not taken:
+                del self.taken[request.request_id]
         holders = self.holders.get(mm_hash)
         if not holders:
+            return
+        if self.held_to_last_occurrence and taken and any(
+                request.encoder_inputs[i].mm_hash == mm_hash for i in taken):
             return
         holders.discard(request.request_id)
         if not holders:
@@ -192,7 +226,14 @@ class EncoderCacheManager:
         and a copy can be ordered differently from its original.  The order
         decides the order of the entries in the eviction queue, so it is
         reproduced here by building the same sets the same way.
+
+        From 0.23.0 (items_taken_per_request) the request's own set of taken
+        items is listed as it stands and visited in that order.
         """
+        if self.items_taken_per_request:
+            for input_id in list(self.get_cached_input_ids(request)):
+                self.free_encoder_input(request, input_id)
+            return
         for input_id in self.get_cached_input_ids(request).copy():
             self.free_encoder_input(request, input_id)
 

@@ -420,6 +420,27 @@ CHANGES: tuple[RuleChange, ...] = (
         "visited; up to 0.27.1 only a victim scheduled earlier in the step did (vLLM issue "
         "#49097, docs/findings.md)."),
     RuleChange(
+        "encoder_frees_wait_for_outputs", "0.20.0", "#38907",
+        "Multimodal: the encoder outputs a request has computed past are let go of when the "
+        "step's outputs are taken in, no longer right after the step is scheduled; with "
+        "async scheduling (or a batch queue) the next step is scheduled while they are "
+        "still held, so an item that needs their room waits a step (vLLM issue #38551).  "
+        "Found by the 0.28.0 campaign (seed 1); 0.19.1 frees them at once, 0.20.0 does "
+        "not."),
+    RuleChange(
+        "items_taken_per_request", "0.23.0", "",
+        "Multimodal: the encoder cache remembers, per request, the items that request found "
+        "cached or had encoded, and lets go of only those when an item is computed past or "
+        "the request leaves; up to 0.22.1 it let go of every item whose hash was in the "
+        "cache, so a request whose computed tokens passed one copy of a repeated image freed "
+        "the entry another copy still needed.  Found by the 0.30.0 check of a stream that "
+        "reuses an image hash with another length."),
+    RuleChange(
+        "held_to_last_occurrence", "0.29.0", "#54284",
+        "Multimodal: a request that took the same item at several places holds the encoder "
+        "cache entry until it lets go of the last of them; up to 0.28.0 letting go of the "
+        "first made the entry freeable (and evictable) while the others still needed it."),
+    RuleChange(
         "recached_outputs_not_freed", "0.28.0", "",
         "The encoder-cache hashes the worker is told to free leave out those cached again "
         "since they were evicted (an item evicted early in a step and encoded again later "

@@ -87,7 +87,9 @@ class Scheduler:
         if self.kv.has_window_groups:  # only their admission cap reads it
             self.kv.tokens_in_flight = self.tokens_in_flight()
         self.encoder_compute_budget, cache_size = self.encoder_sizes()
-        self.encoder_cache = EncoderCacheManager(cache_size)
+        self.encoder_cache = EncoderCacheManager(
+            cache_size, items_taken_per_request=config.has("items_taken_per_request"),
+            held_to_last_occurrence=config.has("held_to_last_occurrence"))
         self.requests: dict[str, Request] = {}
         self.waiting = make_queue(config.policy)
         # From 0.18.0 (set_aside_requests_wait_apart): requests set aside, and new ones that
@@ -929,9 +931,16 @@ class Scheduler:
                                         < request.num_tokens + request.num_output_placeholders)
             if not request.left_mid_prefill:
                 self.inflight_prefills.pop(req_id, None)
-            if request.encoder_inputs:
-                free_encoder_inputs(request, request.num_computed_tokens, self.encoder_cache,
-                                    drafter_lookahead=self.encoder_free_lookahead())
+            if request.encoder_inputs and not self.config.has("encoder_frees_wait_for_outputs"):
+                self._free_computed_encoder_inputs(request)
+
+    def _free_computed_encoder_inputs(self, request: Request) -> None:
+        """Let go of the encoder outputs whose placeholders the request has computed past:
+        right after scheduling up to 0.19.1, once the step's outputs are in from 0.20.0
+        (encoder_frees_wait_for_outputs; with async scheduling, after the next step is
+        scheduled)."""
+        free_encoder_inputs(request, request.num_computed_tokens, self.encoder_cache,
+                            drafter_lookahead=self.encoder_free_lookahead())
 
     def encoder_free_lookahead(self) -> int:
         """Tokens past an item's end its encoder output stays held for: from 0.24.0 until
@@ -968,6 +977,9 @@ class Scheduler:
                 spec_decoding = spec_decoding or SpecDecodingStats.new(
                     self.config.num_speculative_tokens)
                 spec_decoding.observe_draft(len(drafts), num_accepted(tokens))
+            if (request.encoder_inputs and not request.is_finished
+                    and self.config.has("encoder_frees_wait_for_outputs")):
+                self._free_computed_encoder_inputs(request)
             status_before = request.status
             had_placeholders = request.num_output_placeholders > 0
             kept, stopped = self._append_outputs(request, tokens) if tokens else ([], False)

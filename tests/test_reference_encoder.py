@@ -527,3 +527,47 @@ def test_the_same_length_is_no_mismatch_and_an_evicted_entry_is_forgotten():
     assert try_schedule_encoder_inputs(req("r4", ["img"], [2]), 0, 2, 9, cache,
                                        rejected=rejected) == ([0], 2, 7)
     assert rejected == []
+
+
+# -- 0.23.0 and 0.29.0: which items a request lets go of --------------------------------
+
+def test_from_0_23_0_a_request_lets_go_only_of_the_items_it_took():
+    """items_taken_per_request: r took x for its second copy only (its first was a prefix-cache
+    hit).  Up to 0.22.1 being past the first copy lets go of x; from 0.23.0 it does not."""
+    r = req("r", ["x", "x"], [3, 3], offsets=[2, 14])
+    for per_request, holders in ((False, set()), (True, {"r"})):
+        cache = EncoderCacheManager(6, items_taken_per_request=per_request)
+        allocated(cache, req("a", ["x"], [3]), 0)
+        cache.free(req("a", ["x"], [3]))
+        assert cache.check_and_update_cache(r, 1)
+        free_encoder_inputs(r, 16, cache)
+        assert cache.holders["x"] == holders, per_request
+        assert consistent(cache)
+    assert cache.get_cached_input_ids(r) == {1}
+    free_encoder_inputs(r, 17, cache)
+    assert cache.holders["x"] == set() and cache.get_cached_input_ids(r) == set()
+    assert cache.taken == {}
+
+
+def test_from_0_23_0_free_visits_only_the_taken_items_and_forgets_them():
+    cache = EncoderCacheManager(10, items_taken_per_request=True)
+    r = req("r", ["x", "y", "z"], [2, 2, 2])
+    allocated(cache, r, 0, 2)
+    assert cache.get_cached_input_ids(r) == {0, 2}
+    cache.free(r)
+    assert list(cache.freeable) == ["x", "z"] and cache.taken == {}
+    assert consistent(cache)
+
+
+def test_from_0_29_0_a_repeated_item_is_held_until_its_last_copy_is_let_go_of():
+    """held_to_last_occurrence: r took x at two places; letting go of the first keeps x held."""
+    for last, holders in ((False, set()), (True, {"r"})):
+        cache = EncoderCacheManager(6, items_taken_per_request=True, held_to_last_occurrence=last)
+        r = req("r", ["x", "x"], [3, 3], offsets=[6, 14])
+        allocated(cache, r, 0)
+        assert cache.check_and_update_cache(r, 1)
+        free_encoder_inputs(r, 16, cache)
+        assert cache.holders["x"] == holders, last
+        assert consistent(cache)
+    free_encoder_inputs(r, 17, cache)
+    assert cache.holders["x"] == set() and list(cache.freeable) == ["x"]

@@ -53,8 +53,8 @@ def test_every_rule_change_has_a_mutant():
     assert {m.name for m in RELEASE_MUTANTS} == {f"{c.name}_dropped" for c in releases.CHANGES}
 
 
-#: Rule changes no bundled stream shows yet, and why: each one's mutant is not killed.
-#: Rule changes no bundled stream shows yet, with the reason (none today).
+#: Rule changes no bundled stream shows yet, with the reason (none today): each one's
+#: mutant is not killed.
 NOT_SHOWN_YET: dict[str, str] = {}
 
 

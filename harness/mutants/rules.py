@@ -1366,6 +1366,9 @@ _CHANGE_MODULES = {
     "passed_over_victim_keeps_the_pass": SCHEDULER,
     "lone_group_must_divide_block_size": KV_CACHE_COORDINATOR,
     "recached_outputs_not_freed": "vllm/v1/core/encoder_cache_manager.py",
+    "items_taken_per_request": "vllm/v1/core/encoder_cache_manager.py",
+    "encoder_frees_wait_for_outputs": SCHEDULER,
+    "held_to_last_occurrence": "vllm/v1/core/encoder_cache_manager.py",
     "window_frees_wait_for_outputs": KV_CACHE_MANAGER,
     "window_cap_counts_batches_in_flight": "vllm/config/vllm.py",
     "new_decode_padded_with_drafts": SCHEDULER,
@@ -1438,6 +1441,9 @@ _CHANGE_APPLIES = {
     "lone_group_must_divide_block_size": lambda s: s.config.kv_cache_groups is not None
     and len(s.config.kv_cache_groups) == 1,
     "recached_outputs_not_freed": encoder,
+    "items_taken_per_request": encoder,
+    "encoder_frees_wait_for_outputs": encoder,
+    "held_to_last_occurrence": encoder,
     "window_frees_wait_for_outputs": lambda s: (sliding(s) or chunked_local(s))
     and batch_queue(s),
     "window_cap_counts_batches_in_flight": lambda s: (sliding(s) or chunked_local(s))
