@@ -210,23 +210,25 @@ class BlockPool:
     def cache_full_blocks(self, block_hashes: list[BlockHash], blocks: list[Block],
                           num_cached: int, num_full: int, group_id: int = 0,
                           request: Request | None = None, block_size: int = 0,
-                          indexed: bool = True) -> None:
+                          indexed: range | set[int] | None = None) -> None:
         """Index the pages ``blocks[num_cached:num_full]`` of one group under their hashes.
 
         Up to 0.13.0 whatever stands there is indexed, the null page too
         (quirks.NULL_PAGE_CACHED): a null page already indexed fails the check.  From
         0.14.0 (null_pages_never_cached) null pages are passed over.  With KV cache events
         on, the call is announced (``request`` and ``block_size`` say whose tokens the
-        pages hold).  ``indexed`` False: the pages are passed over like null pages (0.23.0,
-        a group whose pages can never serve a hit), the call is still announced.
+        pages hold).  ``indexed``: the page indexes to index, when not all of them; the others
+        are passed over like null pages (0.23.0, a group whose pages can never serve a hit;
+        0.29.0, sliding-window pages no hit can start from), and the call is still announced.
         """
         if num_cached == num_full:
             return
         assert len(block_hashes) >= num_full
         skips_null = self.has("null_pages_never_cached")
         stored = []
-        for block, block_hash in zip(blocks[num_cached:num_full], block_hashes[num_cached:]):
-            if skips_null and block.is_null or not indexed:
+        for i, (block, block_hash) in enumerate(
+                zip(blocks[num_cached:num_full], block_hashes[num_cached:]), num_cached):
+            if skips_null and block.is_null or indexed is not None and i not in indexed:
                 continue
             assert block.block_hash is None, f"{block} is already cached"
             key = (block_hash, group_id)

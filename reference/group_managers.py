@@ -137,11 +137,17 @@ class GroupManager:
         request's keys reach (from 0.33.0 an eagle request's last full page may wait for
         the token after it: eagle_hashes_cover_the_next_token)."""
         num_full = min(num_tokens, hashed_tokens(request)) // self.block_size
+        num_cached = self.num_cached_block[request.request_id]
         self.pool.cache_full_blocks(request.block_hashes, self.table(request.request_id),
-                                    self.num_cached_block[request.request_id], num_full,
-                                    self.group_id, request, self.block_size,
-                                    indexed=self.indexes_pages())
+                                    num_cached, num_full, self.group_id, request,
+                                    self.block_size,
+                                    indexed=self.pages_indexed(request, num_cached, num_full))
         self.num_cached_block[request.request_id] = num_full
+
+    def pages_indexed(self, request: Request, num_cached: int, num_full: int) -> range | set[int]:
+        """Which of the newly full pages ``num_cached .. num_full - 1`` are indexed; a page
+        left out is passed over like a null page, for good."""
+        return range(num_cached, num_full) if self.indexes_pages() else range(0)
 
     def indexes_pages(self) -> bool:
         """Whether full pages are indexed in the prefix cache (every type but one case)."""
@@ -269,6 +275,38 @@ class SlidingWindowManager(GroupManager):
         """The next token sees the ``sliding_window`` tokens ending at it."""
         return max(0, num_computed_tokens - self.spec.sliding_window + 1)
 
+    def pages_indexed(self, request: Request, num_cached: int, num_full: int) -> range | set[int]:
+        """From 0.29.0 (window_pages_cached_sparsely; vLLM's default
+        ``prefix_cache_retention_interval`` of 0) only the pages a later hit can start from
+        are indexed: for each point a later hit can end at, the window's pages that end at
+        the page boundary at or before it (eagle: one page more, and one page further on,
+        the page its hit drops).  The points are where a request with the same prompt
+        resumes (:meth:`replay_points`) and the request's shared prefix.  Every other page
+        is left out."""
+        if num_cached >= num_full or not self.indexes_pages() \
+                or not self.has("window_pages_cached_sparsely"):
+            return super().pages_indexed(request, num_cached, num_full)
+        eagle = 1 if self.use_eagle else 0
+        needed = window_pages(self.spec) + eagle
+        kept: set[int] = set()
+        for resume_point in self.replay_points(request) + shared_prefix(request):
+            end = resume_point // self.block_size + eagle
+            kept.update(range(max(num_cached, end - needed), min(num_full, end)))
+        return kept
+
+    def replay_points(self, request: Request) -> list[int]:
+        """Where a later request with this prompt resumes: after its hit, which stops short
+        of the last prompt token.  From 0.30.0 (eagle_window_tails_at_replay_hits), with an
+        eagle drafter, the two hits that drop their last page: one page below the last page
+        boundary at or before the last prompt token (the same prompt sent again) and one
+        below the boundary at or before the prompt's end (a longer prompt)."""
+        last = len(request.prompt_token_ids) - 1
+        if not self.use_eagle or not self.has("eagle_window_tails_at_replay_hits"):
+            return [last]
+        page = self.block_size
+        resend, extension = last // page * page, (last + 1) // page * page
+        return sorted({max(resend - page, 0), max(extension - page, 0)})
+
     def indexes_pages(self) -> bool:
         """From 0.23.0 (window_of_one_indexes_nothing) a window of one token, without an
         eagle drafter, indexes none of its pages: no hit could ever need an earlier page
@@ -282,6 +320,12 @@ class SlidingWindowManager(GroupManager):
         table = self.req_to_blocks.pop(request_id, [])
         self.give_back(list(reversed(table)))
         self.num_cached_block.pop(request_id, None)
+
+
+def shared_prefix(request: Request) -> list[int]:
+    """The end of the full-attention hit the window groups cut short at the request's
+    lookup, if they did (from 0.29.0): a later request with that prefix resumes there."""
+    return [request.shared_prefix_boundary] if request.shared_prefix_boundary else []
 
 
 def window_pages(spec: KVCacheSpec) -> int:

@@ -36,6 +36,7 @@ class KVCacheCoordinator:
         self.managers = tuple(manager_for(spec, pool, i, has) for i, spec in enumerate(specs))
         for m in self.managers:
             m.use_eagle = use_eagle
+        self.is_hybrid = enable_caching and len(specs) > 1
         if not enable_caching:
             self.lookup = self.no_hit
         elif len(specs) == 1:
@@ -110,11 +111,11 @@ class KVCacheCoordinator:
         """
         full = self.managers[self.full_ids[0]]
         other = self.managers[self.other_ids[0]]
-        full_hits = full.find_longest_cache_hit(block_hashes, max_length, self.full_ids,
-                                                self.pool, full.spec, self.use_eagle)
+        full_hits = self.full_groups_hit(block_hashes, max_length)
         hit_length = len(full_hits[0]) * full.block_size
         if self.use_eagle and self.has("hybrid_eagle_drop_once_per_group"):
-            hit_length = min(hit_length + other.block_size, max_length)
+            hit_length = min(hit_length + other.block_size,
+                             self.eagle_search_end(block_hashes, max_length))
         other_hits = other.find_longest_cache_hit(block_hashes, hit_length, self.other_ids,
                                                   self.pool, other.spec, self.use_eagle)
         hit_length = len(other_hits[0]) * other.block_size
@@ -127,6 +128,32 @@ class KVCacheCoordinator:
         for hit in full_hits:
             del hit[hit_length // full.block_size:]
         return merge_in_group_order(self.full_ids, full_hits, self.other_ids, other_hits), hit_length
+
+
+    def full_groups_hit(self, block_hashes: list[BlockHash], max_length: int) -> GroupHits:
+        """The full-attention groups' own hit, searched first; with an eagle drafter up to
+        :meth:`eagle_search_end`, before its last page is dropped."""
+        full = self.managers[self.full_ids[0]]
+        end = self.eagle_search_end(block_hashes, max_length) if self.use_eagle else max_length
+        return full.find_longest_cache_hit(block_hashes, end, self.full_ids, self.pool,
+                                           full.spec, self.use_eagle)
+
+    def eagle_search_end(self, block_hashes: list[BlockHash], max_length: int) -> int:
+        """How far a hybrid search for an eagle drafter looks before dropping a page: up to
+        ``max_length``; from 0.32.0 (eagle_search_reaches_the_last_key) up to the last page
+        the request's keys cover, so that a prompt of whole pages sent again hits all but
+        its last page, not all but two."""
+        if self.has("eagle_search_reaches_the_last_key"):
+            return len(block_hashes) * self.managers[self.full_ids[0]].block_size
+        return max_length
+
+    def full_attention_hit(self, block_hashes: list[BlockHash], max_length: int) -> int:
+        """Tokens of the hit the full-attention groups find on their own, before the other
+        type cuts it: the longest hit of any one group, as the full groups search first and
+        the other type searches only within their hit (vLLM's hit length plus its
+        ``num_uncached_common_prefix_tokens``)."""
+        full = self.managers[self.full_ids[0]]
+        return len(self.full_groups_hit(block_hashes, max_length)[0]) * full.block_size
 
 
 def split_groups(specs: tuple[KVCacheSpec, ...]) -> tuple[list[int], list[int]]:

@@ -66,8 +66,21 @@ class KVCacheManager:
                                                     self.max_hit_tokens(request))
             if not self.counts_at_admission():
                 self.count_lookup(request, num_hit)
+        if self.coordinator.is_hybrid and self.has("window_pages_cached_sparsely"):
+            self.note_shared_prefix(request, num_hit)
         self.emit(events.PrefixLookup(request.request_id, num_hit))
         return hits, num_hit
+
+    def note_shared_prefix(self, request: Request, num_hit: int) -> None:
+        """From 0.29.0 (window_pages_cached_sparsely) a lookup notes where the full-attention
+        groups' own hit ends when the window groups cut the hit short of it: the window
+        pages that end there are then indexed, so that the next request with this prefix
+        hits them.  0 when nothing was cut, or when the request skips the cache."""
+        longest = 0
+        if not self.skips_prefix_cache(request):
+            longest = self.coordinator.full_attention_hit(request.block_hashes,
+                                                          self.max_hit_tokens(request))
+        request.shared_prefix_boundary = longest if longest > num_hit else 0
 
     def skips_prefix_cache(self, request: Request) -> bool:
         """No lookup without caching, nor for prompt logprobs (every prompt token is computed)."""

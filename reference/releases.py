@@ -19,6 +19,13 @@ the renamed internals.  One change is left out because no stream can show it:
 from 0.11.1 a running request's drafts are cleared once scheduled, but the
 proposer hands every scheduled request its next drafts before they are read
 again, so the cleared list is never seen.
+
+Also out of reach, and so not listed: Mamba's "align" cache mode (0.15.0 on), which
+vLLM turns on only for a Mamba model with prefix caching (the streams refuse prefix
+caching with a Mamba group), with its block-aligned prefill chunks and prefill
+checkpoint pages (changed in 0.27.0 and 0.29.0 to 0.33.0, ``prefill_end`` included);
+and a ``prefix_cache_retention_interval`` other than vLLM's default (the streams have
+no such field: window_pages_cached_sparsely states the default's rule).
 """
 
 from __future__ import annotations
@@ -359,6 +366,32 @@ CHANGES: tuple[RuleChange, ...] = (
         "refused at start-up, where 0.11.0 started it and the request could never be "
         "scheduled.  The pool is still cut from the whole memory.  Found by the 0.30.0 "
         "campaign (seed 1)."),
+    RuleChange(
+        "window_pages_cached_sparsely", "0.29.0", "#52216",
+        "Prefix caching keeps fewer sliding-window pages: vLLM's prefix_cache_retention_"
+        "interval becomes a start-up setting whose default is 0 (from 0.24.0 it was an "
+        "environment variable, unset: every full page indexed).  A sliding-window group "
+        "indexes only the pages a later hit can start from: the window's pages ending at "
+        "the page boundary at or before the prompt's last token, and at or before where "
+        "the full-attention groups' hit ended when the window's cut it short (the shared "
+        "prefix).  Its other full pages are never indexed, so they go back to the head of "
+        "the free queue and a later request's window hit finds only those tails."),
+    RuleChange(
+        "eagle_window_tails_at_replay_hits", "0.30.0", "",
+        "With an eagle drafter, window_pages_cached_sparsely keeps the window's pages at "
+        "the hits a later request can reach, not at the prompt's last token: one page below "
+        "the last page boundary at or before the last prompt token (the same prompt sent "
+        "again: its hit stops before that token and drops a page) and one page below the "
+        "boundary at or before the prompt's end (a longer prompt).  In 0.29.0 an eagle "
+        "request sending the same prompt again found no window pages to hit."),
+    RuleChange(
+        "eagle_search_reaches_the_last_key", "0.32.0", "",
+        "With an eagle drafter and several KV cache groups, the prefix search that drops "
+        "its last page looks as far as the request's keys go (its whole pages), not only "
+        "up to the last prompt token: a prompt of whole pages sent again hits all its "
+        "pages but the last, where it hit all but two.  (From 0.33.0 an eagle request with "
+        "prefix caching keys its pages one token ahead and drops none: "
+        "eagle_hashes_cover_the_next_token.)"),
     RuleChange(
         "async_load_reserves_a_draft_step", "0.31.0", "#57104",
         "With drafting on, an asynchronous load is admitted only if it fits in the free "

@@ -75,6 +75,9 @@ class Request:
     # Tokens scheduled in batches whose output is not applied yet (vLLM's
     # num_in_flight_tokens; read from 0.26.0, window_frees_wait_for_outputs).
     num_in_flight_tokens: int = 0
+    # From 0.29.0 (window_pages_cached_sparsely): where the full-attention groups' hit
+    # ended at the last lookup when it went past the hit every group agreed on, else 0.
+    shared_prefix_boundary: int = 0
     block_hashes: list[BlockHash] = field(default_factory=list)
 
     def __post_init__(self) -> None:

@@ -174,3 +174,71 @@ def test_the_whole_sequence_test_caps_a_chunked_local_group_from_0_20_2():
         s.add_request(Request(request_id="r", prompt_token_ids=list(range(9)), max_tokens=1,
                               arrival_time=0.0, hash_block_size=4))
         assert bool(s.schedule().num_scheduled_tokens) == admitted, (rules, async_scheduling)
+
+
+def paged(rid: str, prompt: list[int]) -> Request:
+    return Request(request_id=rid, prompt_token_ids=prompt, max_tokens=8, arrival_time=0.0,
+                   hash_block_size=4)
+
+
+def _window_hybrid(rules: set[str], use_eagle: bool = False) -> KVCacheManager:
+    """Full attention plus a sliding window of 8 tokens over pages of 4 (a hit needs 2 pages),
+    prefix caching on, with ``rules`` of later releases."""
+    groups = (KVCacheSpec(FULL, 4), KVCacheSpec(SLIDING_WINDOW, 4, sliding_window=8))
+    return KVCacheManager(60, 4, max_model_len=64, enable_caching=True, use_eagle=use_eagle,
+                          groups=groups, has=lambda name: name in rules)
+
+
+def _indexed_window_pages(kv: KVCacheManager, r: Request) -> list[int]:
+    table = kv.coordinator.managers[1].req_to_blocks[r.request_id]
+    return [i for i, page in enumerate(table) if page.block_hash is not None]
+
+
+def _run_alone(kv: KVCacheManager, r: Request) -> list[int]:
+    """Admit ``r`` with its hit and compute its whole prompt; the window pages it indexed."""
+    hits, n = kv.get_computed_blocks(r)
+    kv.allocate_slots(r, len(r.prompt_token_ids) - n, n, hits)
+    return _indexed_window_pages(kv, r)
+
+
+def test_window_pages_indexed_only_before_the_resume_points_from_0_29_0():
+    """window_pages_cached_sparsely: a 24-token prompt indexes every full window page up to
+    0.28.0; from 0.29.0 only the 2 ending at the page boundary at or before token 23."""
+    assert _run_alone(_window_hybrid(set()), paged("a", list(range(24)))) == [0, 1, 2, 3, 4, 5]
+    sparse = _window_hybrid({"window_pages_cached_sparsely"})
+    assert _run_alone(sparse, paged("a", list(range(24)))) == [3, 4]
+
+
+def test_a_cut_hit_marks_the_shared_prefix_whose_window_pages_are_indexed():
+    """b shares a's first 16 tokens: the full group hits 16, the window group (only a's pages
+    3-4 indexed) nothing; b's shared prefix is 16 and its window pages 2-3 end there."""
+    kv = _window_hybrid({"window_pages_cached_sparsely"})
+    _run_alone(kv, paged("a", list(range(24))))
+    b = paged("b", list(range(16)) + [90, 91, 92, 93, 94])
+    assert _run_alone(kv, b) == [2, 3, 4] and b.shared_prefix_boundary == 16
+    c = paged("c", list(range(16)) + [80, 81])
+    hits, n = kv.get_computed_blocks(c)
+    assert n == 16 and c.shared_prefix_boundary == 0
+
+
+def test_eagle_window_pages_at_the_replay_hits_from_0_30_0():
+    """A 16-token prompt with an eagle drafter (3 window pages, one dropped): 0.29.0 keeps
+    the pages ending one past the boundary at or before token 15 (pages 1-3); 0.30.0 those
+    ending one past 8 and past 12 (pages 0-3), where a resend and an extension resume."""
+    sparse = {"window_pages_cached_sparsely"}
+    a = paged("a", list(range(16)))
+    assert _run_alone(_window_hybrid(sparse, use_eagle=True), a) == [1, 2, 3]
+    a = paged("a", list(range(16)))
+    assert _run_alone(_window_hybrid(sparse | {"eagle_window_tails_at_replay_hits"},
+                                     use_eagle=True), a) == [0, 1, 2, 3]
+
+
+def test_eagle_hybrid_search_reaches_the_last_key_from_0_32_0():
+    """The same 16-token prompt sent again with an eagle drafter (0.20.0's one drop between
+    the groups): the search stops at token 15 and drops a page (8 tokens); from 0.32.0 it
+    reaches token 16 and drops one (12)."""
+    once = {"hybrid_eagle_drop_once_per_group"}
+    for rules, expect in ((once, 8), (once | {"eagle_search_reaches_the_last_key"}, 12)):
+        kv = _window_hybrid(rules, use_eagle=True)
+        _run_alone(kv, paged("a", list(range(16))))
+        assert kv.get_computed_blocks(paged("b", list(range(16))))[1] == expect

@@ -136,6 +136,18 @@ class TestShims:
         assert compat.scheduler_kwargs(vc) == {"block_size": 8}
         assert "Scheduler(block_size=)" in compat.DETECTED
 
+    def test_retention_copied_as_start_up_copies_it(self, compat):
+        """0.29.0 on: the KVCacheConfig gets the cache config's retention (default 0)."""
+        later = types.SimpleNamespace(prefix_cache_retention_interval=None)
+        vc = types.SimpleNamespace(cache_config=types.SimpleNamespace(
+            prefix_cache_retention_interval=0))
+        assert compat.startup_retention(later, vc).prefix_cache_retention_interval == 0
+        older = types.SimpleNamespace()  # no such field before 0.29.0
+        assert compat.startup_retention(older, vc) is older and not vars(older)
+        unset = types.SimpleNamespace(prefix_cache_retention_interval=None)
+        assert compat.startup_retention(unset, types.SimpleNamespace(
+            cache_config=types.SimpleNamespace())).prefix_cache_retention_interval is None
+
     def test_chunked_prefill_flag_where_it_lives(self, compat):
         later = types.SimpleNamespace(enable_chunked_prefill=False)
         assert compat.effective_chunked_prefill(later) is False

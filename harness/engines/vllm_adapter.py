@@ -340,7 +340,7 @@ def build_scheduler(c: Config, largest_mm_item: int = 0,
                     connector_script: ConnectorScript | None = None) -> Scheduler:
     vc, encoder = build_vllm_config(c, largest_mm_item, connector_script)
     scheduler = AsyncScheduler if c.async_scheduling else Scheduler
-    kvc = kv_cache_config(c, vc)
+    kvc = compat.startup_retention(kv_cache_config(c, vc), vc)
     with compat.multimodal_while_sizing(vc.model_config, bool(encoder)):
         return scheduler(vllm_config=vc, kv_cache_config=kvc,
                          structured_output_manager=StructuredOutputManager(vc),

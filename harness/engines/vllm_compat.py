@@ -194,6 +194,21 @@ def scheduler_kwargs(vllm_config, kv_cache_config=None) -> dict[str, Any]:
     return {"block_size": block_size, "hash_block_size": hash_block_size}
 
 
+def startup_retention(kv_cache_config, vllm_config):
+    """From 0.29.0 start-up (``get_kv_cache_configs``) copies the cache config's
+    ``prefix_cache_retention_interval`` (default 0: sparse sliding-window caching) into the
+    KVCacheConfig, whose own default is None (dense); the harness builds the KVCacheConfig
+    itself, so it copies the setting as start-up does.  0.24.0-0.28.x read it from an
+    environment variable, unset by default."""
+    cache_config = vllm_config.cache_config
+    if hasattr(kv_cache_config, "prefix_cache_retention_interval") and \
+            hasattr(cache_config, "prefix_cache_retention_interval"):
+        _note("prefix_cache_retention_interval copied from the cache config")
+        kv_cache_config.prefix_cache_retention_interval = \
+            cache_config.prefix_cache_retention_interval
+    return kv_cache_config
+
+
 def block_table_kwargs(block_size: int) -> dict[str, Any]:
     if BlockTable is None:
         return {}
