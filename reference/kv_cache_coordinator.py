@@ -129,7 +129,6 @@ class KVCacheCoordinator:
             del hit[hit_length // full.block_size:]
         return merge_in_group_order(self.full_ids, full_hits, self.other_ids, other_hits), hit_length
 
-
     def full_groups_hit(self, block_hashes: list[BlockHash], max_length: int) -> GroupHits:
         """The full-attention groups' own hit, searched first; with an eagle drafter up to
         :meth:`eagle_search_end`, before its last page is dropped."""

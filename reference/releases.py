@@ -24,8 +24,11 @@ Also out of reach, and so not listed: Mamba's "align" cache mode (0.15.0 on), wh
 vLLM turns on only for a Mamba model with prefix caching (the streams refuse prefix
 caching with a Mamba group), with its block-aligned prefill chunks and prefill
 checkpoint pages (changed in 0.27.0 and 0.29.0 to 0.33.0, ``prefill_end`` included);
-and a ``prefix_cache_retention_interval`` other than vLLM's default (the streams have
-no such field: window_pages_cached_sparsely states the default's rule).
+a ``prefix_cache_retention_interval`` other than vLLM's default (the streams have
+no such field: window_pages_cached_sparsely states the default's rule); and 0.33.0's
+window tail one page below the shared prefix for an eagle drafter that still drops a
+page, which only a KV connector leaves so (the streams run connectors over one KV cache
+group, which never has a shared prefix).
 """
 
 from __future__ import annotations
