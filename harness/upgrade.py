@@ -42,6 +42,7 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as fixed_seed
 
+from harness import profiles
 from harness.chunks import Chunk, chunks_of
 from harness.diff import first_divergence, side_by_side
 from harness.engines import EngineUnavailable, get_engine, installed_vllm_version
@@ -309,6 +310,7 @@ class Checked:
 def check_chunk(checker: Checker, chunk: Chunk) -> list[Checked]:
     """The streams of one chunk of the campaign (harness.chunks: what it draws depends on
     the campaign's seed and the chunk's index alone), each checked."""
+    profiles.pin_local_constants()  # else a side environment's vLLM would feed the draws
     checked: list[Checked] = []
 
     @fixed_seed(chunk.seed)

@@ -497,6 +497,27 @@ def test_the_campaign_is_the_same_on_one_process_and_on_forked_workers():
     assert runs[0][1] and runs[0][5]  # some streams differ, and their causes are named
 
 
+def test_the_campaign_draws_without_the_constants_of_loaded_modules(monkeypatch):
+    """In a side environment vLLM is not under site-packages, so hypothesis would take it
+    for the user's code and draw its literals: other streams per seed than the base's
+    campaign, and ~12 s of parsing per process.  The campaign pins that pool empty."""
+    from hypothesis.internal.conjecture import providers
+
+    from harness.chunks import Chunk
+    from harness.engines.reference_engine import ReferenceEngine
+    from harness.runner import run
+    from harness.upgrade import check_chunk
+
+    scanned = []
+    monkeypatch.setattr(providers, "_harness_pinned", False)
+    monkeypatch.setattr(providers, "_get_local_constants",
+                        lambda: scanned.append(1) or providers.Constants())
+    trace = lambda stream: run(ReferenceEngine(), stream).to_json()  # noqa: E731
+    checker = types.SimpleNamespace(traces=lambda s: (trace(s),) * 3, cause_of=lambda *a: None)
+    assert len(check_chunk(checker, Chunk(0, 1, 3))) == 3
+    assert scanned == [] and providers._harness_pinned
+
+
 def test_a_stream_no_change_explains_alone_is_named_by_the_fewest_changes_that_do(monkeypatch):
     """Four changes between the releases; the new trace needs `a` and `c` together and
     does not care about `b` and `d`: the cause is (`a`, `c`), found with a run per change
