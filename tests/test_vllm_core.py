@@ -152,6 +152,20 @@ def test_engine_core_groups_the_layers_of_a_hybrid_stream(core_engine):
     core_engine.shutdown()
 
 
+def test_engine_core_keeps_the_hybrid_manager_off_for_a_kv_connector(core_engine):
+    """Start-up turns the hybrid KV cache manager off for a KV connector on any device;
+    the engine turns it on, as a GPU has it, only for streams without one.  Later vLLM
+    refuses a connector without hybrid support while the manager is on (0.14.0 does)."""
+    stream = load_stream(STREAMS / "kv_connector_finish_sees_window_nulls.json")
+    core_engine.start(stream)
+    assert core_engine.core.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager is True
+    core_engine.shutdown()
+    core_engine.start(parse_stream(stream_dict({"kv_cache_groups": [
+        {"type": "full"}, {"type": "sliding_window", "sliding_window": 8}]})))
+    assert core_engine.core.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager is False
+    core_engine.shutdown()
+
+
 def test_engine_core_sizes_the_pool_of_the_stream(core_engine):
     """EngineCore's own start-up sizing, from the memory the executor reports, gives the
     stream's pool, down to the smallest vLLM starts with (one max_model_len request)."""

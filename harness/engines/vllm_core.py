@@ -272,8 +272,11 @@ class VllmCoreEngine(VllmEngine):
     def _build(self, stream: Stream):
         c = stream.config
         vc, encoder = build_vllm_config(c, largest_mm_item(stream), self.script)
-        if c.kv_cache_groups is not None:
+        if c.kv_cache_groups is not None and c.kv_role is None:
             # The hybrid KV cache manager, as on a CUDA GPU (vLLM turns it off on the CPU).
+            # Not with a KV connector: start-up turns it off for one on any device (a
+            # stream's connector has a single group, which needs no hybrid manager), and
+            # later releases (0.14.0 does) refuse a connector without hybrid support then.
             vc.scheduler_config.disable_hybrid_kv_cache_manager = False
         # vLLM's own Scheduler class; with images, with the multimodal registry stand-in
         # bound as its mm_registry argument, as the vllm engine passes it.
