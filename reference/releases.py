@@ -67,7 +67,7 @@ CHANGES: tuple[RuleChange, ...] = (
         "victim's place is not skipped.  (0.11.0 kept the grant: "
         "quirks.PRIORITY_VICTIM_KEEPS_ITS_GRANT.)"),
     RuleChange(
-        "stop_tokens_before_length", "0.11.1", "",
+        "stop_tokens_before_length", "0.11.1", "#27555",
         "The stop check looks at EOS and the stop tokens before the length caps, so a "
         "request whose last allowed token is EOS or a stop token finishes "
         "FINISHED_STOPPED, not FINISHED_LENGTH_CAPPED."),
@@ -100,7 +100,7 @@ CHANGES: tuple[RuleChange, ...] = (
         "worker's batch, new then running then resumed, and indexes the whole batch.)  "
         "The engine now asks for the bitmask after schedule() (get_grammar_bitmask)."),
     RuleChange(
-        "prefix_stats_split_preempted", "0.11.1", "",
+        "prefix_stats_split_preempted", "0.11.1", "#25787",
         "Scheduler stats: the prefix-cache lookups of a request preempted before are "
         "counted apart (preempted_requests, preempted_queries, preempted_hits) and no "
         "longer in requests, queries and hits.  Found by the stats streams on the 0.11.1 "
@@ -112,7 +112,7 @@ CHANGES: tuple[RuleChange, ...] = (
         "and the engine raises AttributeError: quirks.KV_EVENTS_FAIL_WITH_LORA.)  Found by "
         "the first KV-event streams on 0.11.0."),
     RuleChange(
-        "eagle_encoder_one_token_ahead", "0.12.0", "",
+        "eagle_encoder_one_token_ahead", "0.12.0", "#29750",
         "Multimodal inputs with an eagle drafter: the drafter reads one position past "
         "the granted range, so a placeholder that starts right after the range needs its "
         "encoder output (or its cached output) this step, and an item that cannot be "
@@ -130,33 +130,33 @@ CHANGES: tuple[RuleChange, ...] = (
         "once, as in 0.12.0.  Found by the 0.29.0 check of mm_eagle_reads_one_token_ahead.",
         until="0.28.0"),
     RuleChange(
-        "abort_skips_finished_requests", "0.11.1", "",
+        "abort_skips_finished_requests", "0.11.1", "#25067",
         "An abort of a request that has finished but is still known to the scheduler "
         "(a KV connector is sending its pages) is ignored.  0.11.0 finished it again: its "
         "status became FINISHED_ABORTED, the connector's request_finished was called a "
         "second time and the worker was told of the finish again.  Found by the "
         "KV-connector streams of the 0.12.0 upgrade check; 0.11.1 has it already."),
     RuleChange(
-        "kv_events_published_after_update", "0.11.1", "",
+        "kv_events_published_after_update", "0.11.1", "#25875",
         "The KV cache events a step gathered are published at the end of "
         "update_from_output, no longer at the end of schedule.  A synchronous step "
         "schedules and updates, so it publishes the same batch; under async scheduling a "
         "step that applies no batch publishes nothing, and its events go out with the "
         "next step that applies one."),
     RuleChange(
-        "async_skips_requests_at_max_tokens", "0.12.0", "",
+        "async_skips_requests_at_max_tokens", "0.12.0", "#29542",
         "Async scheduling: a running request whose output placeholders already take it to "
         "max_tokens (computed + 2 - placeholders >= prompt + max_tokens) is passed over, "
         "so the extra position 0.11.0 schedules after a request's last token is no longer "
         "scheduled (the request is not known to have stopped when the next batch is "
         "scheduled, but it cannot need another token)."),
     RuleChange(
-        "set_aside_order_kept", "0.14.0", "",
+        "set_aside_order_kept", "0.14.0", "#32173",
         "Under fcfs, the requests set aside in a step come back to the head of the waiting "
         "queue in the order they were set aside: the queue now reverses them as it puts them "
         "back, undoing the reversal of quirks.SKIPPED_WAITING_REQUESTS_REVERSED."),
     RuleChange(
-        "window_hits_skipped_at_admission", "0.14.0", "",
+        "window_hits_skipped_at_admission", "0.14.0", "#30166",
         "A new request's prefix-hit pages that lie wholly before the window of its hit "
         "and loaded tokens (sliding window, chunked local attention) are not taken: null "
         "pages stand in their place and the pages stay where they are in the free queue "
@@ -226,7 +226,7 @@ CHANGES: tuple[RuleChange, ...] = (
         "one position ahead stays out of it.  Found by the 5,000-stream 0.19.0 upgrade "
         "check."),
     RuleChange(
-        "grammar_rows_skip_prefill_chunks", "0.17.0", "",
+        "grammar_rows_skip_prefill_chunks", "0.17.0", "#34765",
         "Structured output: a constrained request whose step leaves part of its known "
         "tokens uncomputed (a prefill chunk: it samples nothing) gets no bitmask row and no "
         "index; only requests that sample this step are listed."),
@@ -241,7 +241,7 @@ CHANGES: tuple[RuleChange, ...] = (
         "Undone in 0.31.0, where only requests holding pages wait apart "
         "(page_holders_wait_first).", until="0.31.0"),
     RuleChange(
-        "async_load_counts_tokens_at_once", "0.18.0", "",
+        "async_load_counts_tokens_at_once", "0.18.0", "#34616",
         "A request whose KV cache loads asynchronously counts its hit and loaded tokens as "
         "computed from the step the load starts (0.11.0: zero until the load is done).  "
         "Once done it keeps that count (less the last token when it covers every token), "
@@ -279,7 +279,7 @@ CHANGES: tuple[RuleChange, ...] = (
         "have turned the request away.  0.20.2 keeps the cap to the admission test.",
         until="0.20.2"),
     RuleChange(
-        "waiting_stats_count_set_aside_apart", "0.20.0", "",
+        "waiting_stats_count_set_aside_apart", "0.20.0", "#38435",
         "Scheduler stats: num_waiting_reqs counts the waiting queue only; the requests "
         "waiting in the set-aside queue (skipped_waiting) are counted apart, in "
         "num_skipped_waiting_reqs."),
@@ -308,7 +308,7 @@ CHANGES: tuple[RuleChange, ...] = (
         "earlier page of that group; such a group, and so the whole hybrid request, never "
         "hits, and its pages are reused first when given back."),
     RuleChange(
-        "kv_pages_first_in_tensor", "0.23.0", "",
+        "kv_pages_first_in_tensor", "0.23.0", "#42095",
         "KV sizing: the flash-attention backend's per-layer KV tensor puts the pages first "
         "(num_blocks, 2, block_size, heads, head size); 0.11.0 put K/V first.  The pool's "
         "pages and bytes are unchanged."),
@@ -328,14 +328,14 @@ CHANGES: tuple[RuleChange, ...] = (
         "whose page holds max_model_len tokens, makes the engine raise AssertionError.  "
         "Found by the 0.26.0 campaign (seed 1); 0.22.1's coordinator has no such check."),
     RuleChange(
-        "encoder_outputs_held_for_the_drafter", "0.24.0", "",
+        "encoder_outputs_held_for_the_drafter", "0.24.0", "#46315",
         "Multimodal inputs with an eagle drafter: a request lets go of an item's encoder "
         "output only once its computed tokens pass the item's end by the drafter's "
         "read-ahead (one token), not as soon as they reach it, so the entry stays "
         "referenced one step longer and cannot be evicted for another item.  Undone in "
         "0.33.0.  Found by the 0.32.0 check (seed 1).", until="0.33.0"),
     RuleChange(
-        "every_uncached_page_reused_first", "0.24.0", "",
+        "every_uncached_page_reused_first", "0.24.0", "#42656",
         "Every page given back (a finished or preempted request's, of any group) goes to "
         "the head of the free queue when it holds no cached prefix, in the order given, so "
         "it is reused before any cached page is evicted; cached pages join the tail as "
@@ -356,7 +356,7 @@ CHANGES: tuple[RuleChange, ...] = (
         "lookahead (an eagle drafter's slots) are left out.  Found by the 0.26.0 campaign "
         "(seed 1); 0.24.0's scheduler hands the whole table, 0.25.0's the computed pages."),
     RuleChange(
-        "decode_padding_leaves_room_to_sample", "0.29.0", "",
+        "decode_padding_leaves_room_to_sample", "0.29.0", "#53962",
         "The padding of new_decode_padded_with_drafts is applied only when max_model_len "
         "also leaves room for the token sampled after it; otherwise the request is granted "
         "its one token unpadded, and only a padded grant over the budget ends the waiting "
@@ -380,7 +380,7 @@ CHANGES: tuple[RuleChange, ...] = (
         "prefix).  Its other full pages are never indexed, so they go back to the head of "
         "the free queue and a later request's window hit finds only those tails."),
     RuleChange(
-        "eagle_window_tails_at_replay_hits", "0.30.0", "",
+        "eagle_window_tails_at_replay_hits", "0.30.0", "#54713",
         "With an eagle drafter, window_pages_cached_sparsely keeps the window's pages at "
         "the hits a later request can reach, not at the prompt's last token: one page below "
         "the last page boundary at or before the last prompt token (the same prompt sent "
@@ -416,25 +416,25 @@ CHANGES: tuple[RuleChange, ...] = (
         "encoder cache holds; up to 0.31.0 such an item was passed over and could be split.  "
         "Found by the 0.34.0 campaign (seed 1)."),
     RuleChange(
-        "threshold_above_max_model_len_refused", "0.27.0", "",
+        "threshold_above_max_model_len_refused", "0.27.0", "#49244",
         "Start-up refuses a config whose long_prefill_token_threshold is greater than "
         "max_model_len (vLLM's scheduler config validation); up to 0.26.0 that was refused "
         "only with several partial prefills (max_num_partial_prefills > 1).  Found by the "
         "0.34.0 campaign (seed 1)."),
     RuleChange(
-        "sending_requests_keep_the_engine_stepping", "0.22.0", "",
+        "sending_requests_keep_the_engine_stepping", "0.22.0", "#43433",
         "With a KV connector, a finished request whose pages the connector is still sending "
         "keeps the engine stepping: has_requests holds while the scheduler still knows a "
         "request that is in no queue, so EngineCore schedules and updates (stats, the "
         "worker's transfer report) in the idle steps until the send is reported done, "
         "where 0.11.0 idled.  Found by the 0.34.0 campaign (seed 1)."),
     RuleChange(
-        "window_cap_counts_batches_in_flight", "0.26.0", "",
+        "window_cap_counts_batches_in_flight", "0.26.0", "#47728",
         "The cap of window_admission_capped counts the budget of every batch in flight, not "
         "one step's: twice the budget under async scheduling, the pipeline stages' number "
         "of times with pipeline parallelism (vLLM's max_in_flight_tokens)."),
     RuleChange(
-        "window_frees_wait_for_outputs", "0.26.0", "",
+        "window_frees_wait_for_outputs", "0.26.0", "#47728",
         "A sliding-window or chunked-local group gives back the pages out of the window of "
         "the tokens whose output is applied: tokens of batches still in flight (async "
         "scheduling, pipeline stages) do not count, as they may still read the pages.  This "
@@ -477,7 +477,7 @@ CHANGES: tuple[RuleChange, ...] = (
         "cache entry until it lets go of the last of them; up to 0.28.0 letting go of the "
         "first made the entry freeable (and evictable) while the others still needed it."),
     RuleChange(
-        "recached_outputs_not_freed", "0.28.0", "",
+        "recached_outputs_not_freed", "0.28.0", "#52482",
         "The encoder-cache hashes the worker is told to free leave out those cached again "
         "since they were evicted (an item evicted early in a step and encoded again later "
         "in it): the worker keeps that output."),
@@ -504,7 +504,7 @@ CHANGES: tuple[RuleChange, ...] = (
         "the 0.30.0 check of loaded_preempted_request_resumes and "
         "real_azure_conv_priority_drafts."),
     RuleChange(
-        "placeholder_leaves_last_row_unfilled", "0.30.0", "",
+        "placeholder_leaves_last_row_unfilled", "0.30.0", "#48200",
         "Structured output: after a placeholder draft (-1, the padding of "
         "new_decode_padded_with_drafts) the bitmask row of the token sampled after the "
         "drafts is left unfilled too, like the rows of the drafts after the placeholder; "
@@ -515,7 +515,7 @@ CHANGES: tuple[RuleChange, ...] = (
         "unfinished request (running or waiting): there is no other request to hold back.  "
         "Found by the 0.31.0 check (long_prefill_threshold and five other streams)."),
     RuleChange(
-        "external_hit_ignored_without_prefix_reads", "0.31.0", "",
+        "external_hit_ignored_without_prefix_reads", "0.31.0", "#57269",
         "A request that reads no prefix cache (prompt logprobs) still asks the KV "
         "connector, but its answer is taken as nothing to load: no external tokens, no "
         "asynchronous load, and no waiting when the connector cannot tell yet.  Found by "
