@@ -97,7 +97,7 @@ class KVCacheCoordinator:
         """Full attention first; then the other type, inside the full hit; then the full
         hit is cut to the other's length, so that both cover the same tokens.
 
-        0.14.0 and 0.15.x (``hybrid_hit_searched_until_groups_agree``) search again, in
+        0.14.0 to 0.15.0 (``hybrid_hit_searched_until_groups_agree``) search again, in
         rounds, until a round shortens nothing: the full hit is only cut, the other type
         is searched again inside the hit so far.  Without an eagle drafter the second
         search finds the same hit.  With one, every search gives up its last page again,

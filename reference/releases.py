@@ -199,8 +199,9 @@ CHANGES: tuple[RuleChange, ...] = (
         "hit and the other type's hit inside it, the other type is searched again inside "
         "the hit so far until a search shortens nothing.  With an eagle drafter every "
         "search drops its last page again, so the hit shrinks page by page, mostly to "
-        "nothing (vLLM issue #32802).  0.16.0 searches once again for this pair of types.",
-        until="0.16.0"),
+        "nothing (vLLM issue #32802).  0.15.1 and later search once again for this pair of "
+        "types (0.15.1 has 0.16.0's search; found by the 0.15.1 upgrade check).",
+        until="0.15.1"),
     RuleChange(
         "hybrid_eagle_drop_once_per_group", "0.20.0", "#40860",
         "Prefix caching over a full-attention group and another type with an eagle "
