@@ -1499,3 +1499,21 @@ for _change in releases.CHANGES:
         side=f"release {_change.since}", applies=_CHANGE_APPLIES.get(_change.name),
         checked_by="streams" if releases.order(_change.since)
         <= releases.order(STREAM_JUDGED_UNTIL) else "recorded traces"))
+
+
+def _kept(name: str):
+    def has(self, rule_change):
+        return rule_change == name or _has(self, rule_change)
+    return has
+
+
+# A change a later release undid, kept in effect: the replay of the recorded traces of the
+# release that undid it (side "release <until>") must tell.
+for _change in releases.CHANGES:
+    if _change.until is not None:
+        MUTANTS.append(Mutant(
+            f"{_change.name}_kept", f"{_change.until}: {_change.name} undone",
+            _CHANGE_MODULES[_change.name],
+            replace(rconfig.Config, "has", _kept(_change.name), question=True),
+            side=f"release {_change.until}", applies=_CHANGE_APPLIES.get(_change.name),
+            checked_by="recorded traces"))
