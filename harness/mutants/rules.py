@@ -1408,6 +1408,12 @@ def _without(name: str):
     return has
 
 
+def _kept(name: str):
+    def has(self, rule_change):
+        return rule_change == name or _has(self, rule_change)
+    return has
+
+
 _CHANGE_APPLIES = {
     "priority_victim_loses_its_grant": priority,
     "threshold_dropped_when_nothing_chunks": lambda s: chunked_off_threshold(s) and not caching(s),
@@ -1499,18 +1505,8 @@ for _change in releases.CHANGES:
         side=f"release {_change.since}", applies=_CHANGE_APPLIES.get(_change.name),
         checked_by="streams" if releases.order(_change.since)
         <= releases.order(STREAM_JUDGED_UNTIL) else "recorded traces"))
-
-
-def _kept(name: str):
-    def has(self, rule_change):
-        return rule_change == name or _has(self, rule_change)
-    return has
-
-
-# A change a later release undid, kept in effect: the replay of the recorded traces of the
-# release that undid it (side "release <until>") must tell.
-for _change in releases.CHANGES:
     if _change.until is not None:
+        # Kept past the release that undid it: that release's recorded traces must tell.
         MUTANTS.append(Mutant(
             f"{_change.name}_kept", f"{_change.until}: {_change.name} undone",
             _CHANGE_MODULES[_change.name],
