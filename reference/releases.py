@@ -77,7 +77,7 @@ CHANGES: tuple[RuleChange, ...] = (
         "(as well as max_model_len - 1), so drafts that reach past the request's last "
         "output are not scheduled.", until="0.12.0"),
     RuleChange(
-        "threshold_dropped_when_nothing_chunks", "0.11.1", "",
+        "threshold_dropped_when_nothing_chunks", "0.11.1", "#26053",
         "At start-up, with chunked prefill off and prefix caching not asked for, the "
         "long-prefill token threshold is set to 0 (no cap).", until="0.12.0"),
     RuleChange(
@@ -93,7 +93,7 @@ CHANGES: tuple[RuleChange, ...] = (
         "pages to skip now come from get_num_skipped_tokens).  Found by hybrid streams "
         "on the 0.11.1 side environment."),
     RuleChange(
-        "grammar_rows_in_grant_order", "0.11.1", "",
+        "grammar_rows_in_grant_order", "0.11.1", "#26866",
         "Structured output: the constrained requests' bitmask rows follow the order tokens "
         "were granted in (num_scheduled_tokens: running requests first, then admissions), "
         "and a request's index counts constrained requests only.  (0.11.0 follows the "
@@ -164,18 +164,19 @@ CHANGES: tuple[RuleChange, ...] = (
         "counted per group with a floor of zero, and only the hit pages inside the window "
         "count as taken from the free queue."),
     RuleChange(
-        "window_pages_freed_before_connector_finish", "0.14.0", "",
+        "window_pages_freed_before_connector_finish", "0.14.0", "#30166",
         "Before the KV connector hears that a request finished (request_finished), the "
         "pages out of the window of all its tokens are given back and show as null pages "
         "in the block ids it is handed."),
     RuleChange(
-        "null_pages_never_cached", "0.14.0", "",
+        "null_pages_never_cached", "0.14.0", "#30166",
         "Caching full pages passes over null pages, so a sliding-window page that left "
         "the window before it was cached is never indexed (quirks.NULL_PAGE_CACHED is "
         "gone).  A BlockStored event lists the hashes of the pages really indexed, and its "
-        "parent is the request's hash of the page before, whatever page stands there."),
+        "parent is the request's hash of the page before, whatever page stands there "
+        "(that half from #30544)."),
     RuleChange(
-        "connector_told_whole_table", "0.14.0", "",
+        "connector_told_whole_table", "0.14.0", "#30166",
         "After an allocation the KV connector is told every page of the request's table "
         "(get_blocks), not only its prefix-hit pages and the pages just added, so a request "
         "whose asynchronous load is done hears of its loaded pages again when it is "
@@ -232,7 +233,7 @@ CHANGES: tuple[RuleChange, ...] = (
         "tokens uncomputed (a prefill chunk: it samples nothing) gets no bitmask row and no "
         "index; only requests that sample this step are listed."),
     RuleChange(
-        "set_aside_requests_wait_apart", "0.18.0", "",
+        "set_aside_requests_wait_apart", "0.18.0", "#35781",
         "Requests set aside in a step (waiting for a grammar or a KV load, turned away by "
         "the LoRA slots, not fitting whole with chunked prefill off, ...) and new requests "
         "that cannot run yet (grammar not ready) wait in a second queue "
@@ -256,7 +257,7 @@ CHANGES: tuple[RuleChange, ...] = (
         "scheduler_reserve_full_isl, on by default.  A prompt longer than the whole pool is "
         "therefore never admitted."),
     RuleChange(
-        "mm_hash_keys_carry_the_offset", "0.19.0", "",
+        "mm_hash_keys_carry_the_offset", "0.19.0", "#36708",
         "A multimodal item enters a block's key as its content hash and its offset from the "
         "block's start, and an item that ends exactly where a block starts no longer touches "
         "that block (half of quirks.MM_HASH_ON_BLOCK_AFTER_A_LATER_HASHING is gone; a later "
@@ -322,7 +323,7 @@ CHANGES: tuple[RuleChange, ...] = (
         "the step ends, as when pages are short.  Found by the 0.26.0 campaign (seed 1); "
         "0.22.1's scheduler has no such reservation, 0.23.0's has it."),
     RuleChange(
-        "lone_group_must_divide_block_size", "0.23.0", "",
+        "lone_group_must_divide_block_size", "0.23.0", "#44165",
         "At start-up the KV cache coordinator asserts that the scheduler's block size (the "
         "cache block size for one group, the least common multiple of the groups' page "
         "sizes for several) is a multiple of every group's page size: a lone Mamba group, "
@@ -465,7 +466,7 @@ CHANGES: tuple[RuleChange, ...] = (
         "Found by the 0.28.0 campaign (seed 1); 0.19.1 frees them at once, 0.20.0 does "
         "not."),
     RuleChange(
-        "items_taken_per_request", "0.23.0", "",
+        "items_taken_per_request", "0.23.0", "#44212",
         "Multimodal: the encoder cache remembers, per request, the items that request found "
         "cached or had encoded, and lets go of only those when an item is computed past or "
         "the request leaves; up to 0.22.1 it let go of every item whose hash was in the "
@@ -522,13 +523,13 @@ CHANGES: tuple[RuleChange, ...] = (
         "asynchronous load, and no waiting when the connector cannot tell yet.  Found by "
         "the 0.31.0 check of aborted_load_keeps_pages_until_done."),
     RuleChange(
-        "later_hashing_sees_every_item", "0.31.0", "",
+        "later_hashing_sees_every_item", "0.31.0", "#51694",
         "A later hashing of a request's blocks (blocks completed by outputs) looks at every "
         "multimodal item the block touches, from the first one not ended before it, as the "
         "first hashing does; quirks.MM_HASH_ON_BLOCK_AFTER_A_LATER_HASHING is gone.  Found "
         "by the 0.31.0 check of mm_later_hashing_sees_last_item_only."),
     RuleChange(
-        "page_holders_wait_first", "0.31.0", "",
+        "page_holders_wait_first", "0.31.0", "#58947",
         "The set-aside queue of 0.18.0 is gone: requests set aside go back to the head of "
         "the waiting queue in the order set aside, and a new request whose grammar is not "
         "ready waits there in arrival order.  Only waiting requests that hold pages (tokens "
@@ -561,7 +562,7 @@ CHANGES: tuple[RuleChange, ...] = (
         "(or output placeholders, async scheduling) the pages its computed tokens fill are "
         "cached at once, before a stop frees them, instead of at its next allocation."),
     RuleChange(
-        "eagle_hashes_cover_the_next_token", "0.33.0", "",
+        "eagle_hashes_cover_the_next_token", "0.33.0", "#50897",
         "With an eagle drafter, prefix caching and no KV connector, a block's prefix-cache "
         "key also covers the token after the block (and the items that token touches), "
         "since the drafter's KV at the block's last position depends on it; a block is "
