@@ -1010,8 +1010,13 @@ class Scheduler:
     def fail_mismatched_requests(self) -> None:
         """From 0.31.0 (encoder_length_mismatch_fails_request): the requests whose image
         came with another length than the encoder output cached for its hash are
-        finished with an error once the step's outputs are in."""
-        failed, self.encoder_mismatched[:] = list(self.encoder_mismatched), []
+        finished with an error once the step's outputs are in, in the order they arrived.
+
+        vLLM finishes them in the order of a set of their ids, which follows the string
+        hash of the process; the harness has it finish them in arrival order
+        (``harness/engines/vllm_adapter.finish_in_arrival_order``)."""
+        mismatched, self.encoder_mismatched[:] = set(self.encoder_mismatched), []
+        failed = [rid for rid in self.requests if rid in mismatched]
         if failed:
             self.finish_requests(failed, RequestStatus.FINISHED_ERROR)
 

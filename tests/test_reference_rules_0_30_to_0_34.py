@@ -414,3 +414,22 @@ def test_an_encoder_output_is_held_one_token_longer_for_an_eagle_drafter_0_24_to
     assert "encoder_outputs_held_for_the_drafter" in releases.rules_of("0.32.0")
     assert "encoder_outputs_held_for_the_drafter" not in releases.rules_of("0.23.0")
     assert "encoder_outputs_held_for_the_drafter" not in releases.rules_of("0.33.0")
+
+
+def test_requests_that_fail_together_are_finished_in_arrival_order():
+    """encoder_length_mismatch_fails_request: b (arrived second, found first) and a fail in
+    one step; a's pages go back to the free queue before b's, whatever order they were
+    found in (vLLM's own order is the per-process hash order of a set; the harness fixes
+    arrival order, harness/engines/vllm_adapter.finish_in_arrival_order)."""
+    s = Scheduler(config(releases.rules_of("0.34.0")))
+    s.add_request(request("a", [1] * 8, max_tokens=4))
+    s.add_request(request("b", [2] * 8, arrival=1.0, max_tokens=4))
+    step(s)
+    pages = {rid: [b.block_id for b in s.kv.coordinator.managers[0].req_to_blocks[rid]]
+             for rid in ("a", "b")}
+    s.encoder_mismatched.extend(["b", "a"])
+    s.fail_mismatched_requests()
+    assert s.requests["a"].status == s.requests["b"].status == RequestStatus.FINISHED_ERROR \
+        if "a" in s.requests else set(s.requests).isdisjoint({"a", "b"})
+    freed_last = s.kv.pool.free_queue.block_ids()[-4:]
+    assert freed_last == list(reversed(pages["a"])) + list(reversed(pages["b"]))

@@ -503,6 +503,37 @@ def scheduler_stats(outputs) -> object | None:
                  if o.scheduler_stats is not None), None)
 
 
+def finish_in_arrival_order(sched):
+    """The scheduler's ``finish_requests``, finishing several requests one at a time in
+    the order they were added.
+
+    From 0.31.0 the scheduler's update fails the requests of a step's errors (an encoder
+    output of another length, a grammar that did not compile, a failed load) in one call
+    with a set of their ids, and ``finish_requests`` frees them in the set's iteration
+    order, which follows the per-process string hash (docs/findings.md, "Requests failed
+    together are finished in PYTHONHASHSEED order").  Any order is one that vLLM shows
+    under some hash seed; the harness fixes the requests' arrival order so that runs
+    repeat, and the reference states that order.  One id, or none (every request), goes
+    through unchanged.
+    """
+    real_finish = sched.finish_requests
+
+    def finish_requests(request_ids, finished_status):
+        if request_ids is None or isinstance(request_ids, str):
+            return real_finish(request_ids, finished_status)
+        wanted = set(request_ids)
+        if len(wanted) < 2:
+            return real_finish(list(wanted), finished_status)
+        ordered = [rid for rid in sched.requests if rid in wanted]
+        ordered += sorted(wanted.difference(ordered))  # unknown ids: ignored by vLLM
+        finished = [real_finish(rid, finished_status) for rid in ordered]
+        if all(f is None for f in finished):  # a release whose call returns nothing
+            return None
+        return [r for f in finished for r in (f or [])]
+
+    return finish_requests
+
+
 class VllmEngine:
     """vLLM 0.11.0's real Scheduler, KVCacheManager and BlockPool."""
 
@@ -575,6 +606,7 @@ class VllmEngine:
         kvm.free = free
         kvm.get_computed_blocks = get_computed_blocks
         pool._maybe_evict_cached_block = maybe_evict
+        self.sched.finish_requests = finish_in_arrival_order(self.sched)
         self._set_aside_queue = compat.set_aside_queue_hook(
             lambda request: self._observed.set_aside.append(request.request_id), self.sched)
 
