@@ -14,7 +14,7 @@ def test_requests_finished_together_free_their_pages_in_arrival_order(vllm_engin
     """vLLM frees the requests of one ``finish_requests`` call in the order of a set of
     their ids (the process's string hash); the engine finishes them one by one in arrival
     order, so six requests failed together always free their pages in that order."""
-    from vllm.v1.request import RequestStatus
+    from harness.engines.vllm_adapter import RequestStatus
     ids = ["f", "b", "e", "a", "d", "c"]
     s = parse_stream(stream({"max_num_batched_tokens": 64, "max_num_seqs": 8},
                             [req(i, prompt=[n + 1] * 8, output=[4, 5]) for n, i in enumerate(ids)]))
