@@ -1015,10 +1015,11 @@ class Scheduler:
         vLLM finishes them in the order of a set of their ids, which follows the string
         hash of the process; the harness has it finish them in arrival order
         (``harness/engines/vllm_adapter.finish_in_arrival_order``)."""
+        if not self.encoder_mismatched:
+            return
         mismatched, self.encoder_mismatched[:] = set(self.encoder_mismatched), []
         failed = [rid for rid in self.requests if rid in mismatched]
-        if failed:
-            self.finish_requests(failed, RequestStatus.FINISHED_ERROR)
+        self.finish_requests(failed, RequestStatus.FINISHED_ERROR)
 
     def make_stats(self, spec_decoding: SpecDecodingStats | None) -> SchedulerStats:
         """The report that ends every update: the queues' lengths after it, the pool's
