@@ -43,9 +43,12 @@ values shrink to.
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import json
+import types
+from typing import Any, Callable
 
-from hypothesis import strategies as st
+from hypothesis import strategies as _hypothesis_strategies
 from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import SearchStrategy
 
@@ -64,6 +67,72 @@ __all__ = [
     "mm_streams", "encoder_pressure_streams", "encoder_preemption_streams", "mm_hash_streams",
     "kv_cache_groups", "any_stream", "request_ids",
 ]
+
+# ---------------------------------------------------------------------------
+# Strategies built once per argument list
+# ---------------------------------------------------------------------------
+
+#: Distinct argument lists kept per constructor before its memo starts afresh.
+_MEMO_SIZE = 4096
+_ATOMS = frozenset((bool, int, float, str, bytes, type(None)))
+
+
+def _memo_key(value: Any) -> Any:
+    """A key equal only for arguments that build the same strategy: atoms keyed with their
+    type (``1`` and ``True`` sample differently), lists and tuples of keys, strategies by
+    identity; None for anything else (a dict, a function), which is built afresh."""
+    kind = type(value)
+    if kind in _ATOMS:
+        return kind, value
+    if kind is list or kind is tuple:
+        keys = []
+        for v in value:
+            key = _memo_key(v)
+            if key is None:
+                return None
+            keys.append(key)
+        return kind, tuple(keys)
+    if isinstance(value, SearchStrategy):
+        return value  # hashed by identity
+    return None
+
+
+def _memoized(make: Callable[..., SearchStrategy]) -> Callable[..., SearchStrategy]:
+    """``make``, returning the strategy it built before for equal arguments.
+
+    Most strategies here are built inside a draw, from bounds drawn a moment before,
+    and a stream draws about two hundred of them: building one (and validating it and
+    working out its label on its first draw) costs more than the draw.  hypothesis
+    keeps such a cache too, but its look-up costs about as much as building.  The
+    strategy handed back is the one hypothesis would build, with the same label, so
+    the values a seed draws do not change."""
+    made: dict[Any, SearchStrategy] = {}
+
+    @functools.wraps(make)
+    def cached(*args: Any, **kwargs: Any) -> SearchStrategy:
+        if not kwargs and all(type(a) is int for a in args):
+            key: Any = args  # integers(a, b): the common case, keyed cheaply
+        else:
+            key = _memo_key((args, tuple(sorted(kwargs.items()))))
+        if key is None:
+            return make(*args, **kwargs)
+        strategy = made.get(key)
+        if strategy is None:
+            if len(made) >= _MEMO_SIZE:
+                made.clear()
+            strategy = made[key] = make(*args, **kwargs)
+        return strategy
+    return cached
+
+
+#: ``hypothesis.strategies`` with the constructors this module calls inside its draws
+#: memoized (:func:`_memoized`); everything else is hypothesis's own.
+st = types.SimpleNamespace(**{name: getattr(_hypothesis_strategies, name)
+                              for name in _hypothesis_strategies.__all__})
+for _name in ("binary", "booleans", "integers", "just", "lists", "none", "one_of",
+              "sampled_from"):
+    setattr(st, _name, _memoized(getattr(_hypothesis_strategies, _name)))
+
 
 #: Token ids are drawn from ``range(vocab_size)``; small, so that prefixes,
 #: stop tokens and drafts meet each other often.
@@ -92,6 +161,7 @@ def _one_in(draw, n: int) -> bool:
     return draw(st.integers(0, n - 1)) == n - 1
 
 
+@_memoized
 @st.composite
 def _rarely(draw, rare: SearchStrategy, usual: SearchStrategy, one_in: int = 8) -> Any:
     """A value of ``rare`` one time in ``one_in``, else of ``usual``; shrinks to ``usual``."""
@@ -107,6 +177,7 @@ def _value(draw, value: Any) -> Any:
 # Configs
 # ---------------------------------------------------------------------------
 
+@_memoized
 @st.composite
 def configs(draw, **overrides: Any) -> dict[str, Any]:
     """A valid engine config dict (every field of :class:`harness.stream.Config`).
@@ -220,6 +291,7 @@ def _min_pool(groups: list[dict[str, Any]] | None, block_size: int, max_model_le
     return sum(max_pages_per_request(KVCacheGroup(**g), c) for g in groups)
 
 
+@_memoized
 @st.composite
 def kv_cache_groups(draw, block_size: int, caching: bool, eagle: bool = False
                     ) -> list[dict[str, Any]]:
@@ -274,13 +346,20 @@ def _check_config_dict(config: dict[str, Any], pinned: set[str]) -> None:
     """
     requests = [{"id": "x", "prompt": [0], "output": [0], "max_tokens": 1}]
     try:
-        errors = shape_errors({"config": {k: config[k] for k in sorted(pinned)},
-                               "requests": requests})
+        errors = _pinned_shape_errors(json.dumps({k: config[k] for k in sorted(pinned)}))
         if errors:
-            raise StreamError(errors)
+            raise StreamError(list(errors))
         parse_drawn_stream({"config": config, "requests": requests})
     except StreamError as exc:
         raise InvalidArgument(f"configs(): overrides give an invalid config: {exc}") from None
+
+
+@functools.lru_cache(maxsize=1024)
+def _pinned_shape_errors(pinned: str) -> tuple[str, ...]:
+    """The schema's complaints about the pinned fields (JSON): a strategy pins the same
+    few values draw after draw, so each set is walked once."""
+    dummy = [{"id": "x", "prompt": [0], "output": [0], "max_tokens": 1}]
+    return tuple(shape_errors({"config": json.loads(pinned), "requests": dummy}))
 
 
 # ---------------------------------------------------------------------------
@@ -623,6 +702,7 @@ def _draw_grammar(draw, req: dict[str, Any], arrival: int, vocab: int) -> dict[s
     return grammar
 
 
+@_memoized
 def request_ids(count: int) -> SearchStrategy[list[str]]:
     """``count`` distinct ids ``r<n>``, ``n`` in 0..999 drawn in any order: arrival
     order, numeric order and string order (``"r10" < "r9"``) all disagree.
@@ -631,6 +711,7 @@ def request_ids(count: int) -> SearchStrategy[list[str]]:
         lambda ns: [f"r{n}" for n in ns])
 
 
+@_memoized
 @st.composite
 def _arrival_steps(draw, count: int, max_step: int, bursts: int) -> list[int]:
     """Ascending arrival steps; with ``bursts``, drawn from at most that many steps."""

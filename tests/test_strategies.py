@@ -307,3 +307,31 @@ def test_crowds_reach_64_requests(data):
 def test_crowds_have_64_or_more_requests_sometimes():
     found = find(S.crowd_streams(), lambda d: len(d["requests"]) >= 64, settings=QUALITY)
     assert len({r.get("arrival_step", 0) for r in found["requests"]}) <= 3
+
+
+# -- strategies built once per argument list (harness.strategies._memoized) ------------------
+
+def test_memoized_constructors_hand_back_the_strategy_built_before():
+    assert S.st.integers(1, 5) is S.st.integers(1, 5)
+    assert S.st.lists(S.st.integers(0, 3), min_size=2, max_size=2) is S.st.lists(
+        S.st.integers(0, 3), min_size=2, max_size=2)
+    assert S.st.integers(1, 5) is not S.st.integers(1, 6)
+    # What hypothesis itself builds for the same arguments carries the same label, so the
+    # spans of a draw (and the streams a seed draws) do not change.
+    assert S.st.integers(1, 5).label == st.integers(1, 5).label
+    assert S.st.sampled_from(["a", "b"]).label == st.sampled_from(["a", "b"]).label
+
+
+def test_memo_keys_tell_equal_values_of_other_types_apart():
+    # 1 == True and hash(1) == hash(True): keyed by value alone, sampled_from([True, False])
+    # would hand back the strategy of [1, 0] and draw ints where bools were asked for.
+    ints, bools = S.st.sampled_from([1, 0]), S.st.sampled_from([True, False])
+    assert ints is not bools
+    assert type(find(bools, lambda v: True)) is bool
+    assert type(find(ints, lambda v: True)) is int
+
+
+def test_unhashable_arguments_build_a_fresh_strategy():
+    earlier = [{"prompt": [1]}]
+    assert S.st.sampled_from(earlier) is not S.st.sampled_from(earlier)
+    assert S._memo_key({"a": 1}) is None and S._memo_key([1, [2, {}]]) is None
