@@ -44,7 +44,6 @@ values shrink to.
 from __future__ import annotations
 
 import functools
-import json
 import types
 from typing import Any, Callable
 
@@ -346,20 +345,29 @@ def _check_config_dict(config: dict[str, Any], pinned: set[str]) -> None:
     """
     requests = [{"id": "x", "prompt": [0], "output": [0], "max_tokens": 1}]
     try:
-        errors = _pinned_shape_errors(json.dumps({k: config[k] for k in sorted(pinned)}))
+        errors = _pinned_shape_errors({k: config[k] for k in sorted(pinned)})
         if errors:
-            raise StreamError(list(errors))
+            raise StreamError(errors)
         parse_drawn_stream({"config": config, "requests": requests})
     except StreamError as exc:
         raise InvalidArgument(f"configs(): overrides give an invalid config: {exc}") from None
 
 
-@functools.lru_cache(maxsize=1024)
-def _pinned_shape_errors(pinned: str) -> tuple[str, ...]:
-    """The schema's complaints about the pinned fields (JSON): a strategy pins the same
-    few values draw after draw, so each set is walked once."""
-    dummy = [{"id": "x", "prompt": [0], "output": [0], "max_tokens": 1}]
-    return tuple(shape_errors({"config": json.loads(pinned), "requests": dummy}))
+#: The schema's answers for sets of pinned fields of plain values (see _memo_key).
+_PINNED_ANSWERS: dict[Any, list[str]] = {}
+
+
+def _pinned_shape_errors(fields: dict[str, Any]) -> list[str]:
+    """The schema's complaints about the pinned fields: a strategy pins the same few
+    values draw after draw, so each set of plain values is walked once."""
+    key = _memo_key(tuple(fields.items()))
+    errors = _PINNED_ANSWERS.get(key) if key is not None else None
+    if errors is None:
+        dummy = [{"id": "x", "prompt": [0], "output": [0], "max_tokens": 1}]
+        errors = shape_errors({"config": fields, "requests": dummy})
+        if key is not None and len(_PINNED_ANSWERS) < _MEMO_SIZE:
+            _PINNED_ANSWERS[key] = errors
+    return list(errors)
 
 
 # ---------------------------------------------------------------------------
