@@ -111,6 +111,9 @@ PROPERTIES: tuple[Property, ...] = (
     Property("mm_prefix_hits", st.mm_hash_streams,
              targets=("mm_hash_not_in_block_hash", "mm_item_ending_at_block_start_skipped",
                       "mm_later_hashing_from_first_item"), scale=2),
+    # held_to_last_occurrence (0.29.0) and items_taken_per_request (0.23.0): rules of later
+    # releases, so no target here; on 250 ci streams each decides about 50 and 150.
+    Property("repeated_images", st.repeated_image_streams),
     Property("lora_encoder_skips", st.lora_encoder_skip_streams, ("lora_overfill",),
              targets=("lora_overfill_not_asserted", "encoder_budget_ignored")),
     Property("pooling", st.pooling_streams, ("pooled_after_chunks",),

@@ -64,6 +64,7 @@ __all__ = [
     "priority_victim_streams", "priority_victim_draft_streams", "hybrid_streams",
     "window_hit_streams", "draft_window_streams", "lora_streams", "grammar_streams",
     "mm_streams", "encoder_pressure_streams", "encoder_preemption_streams", "mm_hash_streams",
+    "repeated_image_streams",
     "kv_cache_groups", "any_stream", "request_ids",
 ]
 
@@ -1333,6 +1334,73 @@ def mm_hash_streams(draw, **knobs: Any) -> dict[str, Any]:
         requests.append({"id": rid, "prompt": (head + extra)[:max_model_len - 2],
                          "output": _tokens(draw, 1, DEFAULT_VOCAB_SIZE), "mm_inputs": mine,
                          "arrival_step": arrival})
+    return {"config": config, "requests": requests}
+
+
+@st.composite
+def repeated_image_streams(draw, **knobs: Any) -> dict[str, Any]:
+    """One image shown twice in one prompt, while another request's larger image wants the
+    encoder cache's room (the bundled held_to_last_occurrence and items_taken_per_request,
+    varied).  ``r`` shows image ``x`` (2-4 tokens) twice; ``b``, admitted with it just
+    before it, shows ``y``, longer than ``x``; the encoder cache and budget hold ``y`` but
+    not both, and each prefill is cut into chunks of 4-8 tokens (the long-prefill
+    threshold).  ``r``'s second copy starts in one chunk and ends in the next, and ``b``
+    reaches ``y`` in that next step: ``r`` is past its first copy, and whether that lets
+    ``x`` be evicted for ``y`` decides who goes on (from 0.29.0 ``r`` holds ``x`` to its
+    last copy).  In half of the streams prefix caching is on and a request ``a`` with
+    ``r``'s first pages, the first copy in them, runs first: ``r``'s first copy is a hit
+    and only its second takes ``x`` (from 0.23.0 only the items a request took are let
+    go of).  One stream in four moves the second copy and ``y`` anywhere.  ``knobs`` are
+    not used (the requests are built here).
+    Shrinks towards: pages of 4, chunks of 4 tokens, images of 2 and 3 tokens, no ``a``.
+    """
+    vocab = DEFAULT_VOCAB_SIZE
+    block_size = draw(st.sampled_from([4, 8, 2]))
+    x_len = draw(st.integers(2, 4))
+    chunk = draw(st.integers(x_len + 2, 8))
+    y_len = x_len + draw(st.integers(1, 4))
+    cache = y_len + draw(st.integers(0, x_len - 1))  # y fits, x and y together do not
+    cached_head = draw(st.booleans())
+    anywhere = _one_in(draw, 4)
+
+    def text(n: int) -> list[int]:
+        return [1 + t % (vocab - 1) for t in _tokens(draw, n, vocab)]  # never the image token
+
+    first = draw(st.integers(1, chunk - 1))  # within r's first chunk
+    # Where r's computing starts: 0, or a's whole pages (the first copy in them), a hit.
+    start = _cdiv(first + x_len, block_size) * block_size if cached_head else 0
+    steps_before = 1 if not cached_head else draw(st.integers(0, 1))  # r's chunks before
+    edge = start + (steps_before + 1) * chunk  # where the step that needs y begins
+    second = edge - draw(st.integers(1, x_len - 1))  # straddles that edge
+    second = max(second, start, first + x_len + 1)
+    y_at = (steps_before + 1) * chunk
+    if anywhere:
+        second += draw(st.integers(0, 2 * chunk))
+        y_at = draw(st.integers(1, 3 * chunk))
+    prompt = (text(first) + [0] * x_len + text(second - first - x_len) + [0] * x_len
+              + text(draw(st.integers(1, 4))))
+    r = {"prompt": prompt, "output": text(draw(st.integers(1, 3))),
+         "mm_inputs": [{"offset": first, "length": x_len, "hash": "x"},
+                       {"offset": second, "length": x_len, "hash": "x"}]}
+    b = {"prompt": text(y_at) + [0] * y_len + text(draw(st.integers(1, 4))),
+         "output": text(draw(st.integers(1, 3))),
+         "mm_inputs": [{"offset": y_at, "length": y_len, "hash": "y"}]}
+    requests = [b, r]
+    if cached_head:  # a: r's first pages, done before b and r arrive
+        a = {"prompt": prompt[:start], "output": text(1),
+             "mm_inputs": [{"offset": first, "length": x_len, "hash": "x"}]}
+        b["arrival_step"] = r["arrival_step"] = _cdiv(start, chunk) + 2
+        requests.insert(0, a)
+    longest = max(len(q["prompt"]) + len(q["output"]) for q in requests)
+    config = draw(configs(block_size=block_size, max_model_len=longest + block_size,
+                          enable_chunked_prefill=True, enable_prefix_caching=cached_head,
+                          long_prefill_token_threshold=chunk,
+                          max_num_batched_tokens=2 * chunk + draw(st.integers(0, chunk)),
+                          max_num_seqs=st.integers(2, 4), spare_blocks=st.integers(4, 12),
+                          policy="fcfs", num_speculative_tokens=0))
+    config["encoder_cache_size"] = config["encoder_compute_budget"] = cache
+    for rid, q in zip(draw(request_ids(len(requests))), requests):
+        q["id"] = rid
     return {"config": config, "requests": requests}
 
 

@@ -335,3 +335,32 @@ def test_unhashable_arguments_build_a_fresh_strategy():
     earlier = [{"prompt": [1]}]
     assert S.st.sampled_from(earlier) is not S.st.sampled_from(earlier)
     assert S._memo_key({"a": 1}) is None and S._memo_key([1, [2, {}]]) is None
+
+
+# -- repeated_image_streams: two rules of later releases -----------------------------------
+
+@pytest.mark.parametrize("rule", ["items_taken_per_request", "held_to_last_occurrence"])
+def test_repeated_images_decide_two_rules_of_later_releases(rule):
+    """The reference of the release that brought ``rule`` gives another trace without it on
+    a fair share of the property's streams (49 and 28 of these 100; with the second copy
+    and the larger image placed anywhere, as one stream in four does, 8 and fewer), so
+    that ``pytest -k conformance`` on that release or a later one holds vLLM to it."""
+    from harness.diff import first_divergence
+    from harness.engines.reference_engine import ReferenceEngine
+    from reference import releases
+
+    since = next(c.since for c in releases.CHANGES if c.name == rule)
+    with_rule = ReferenceEngine(since)
+    without = ReferenceEngine(since, with_rule.rules - {rule})
+    decided = []
+
+    @settings(max_examples=100, database=None, deadline=None, derandomize=True,
+              phases=[Phase.generate])
+    @given(S.repeated_image_streams())
+    def check(data):
+        stream = parse_drawn_stream(data)
+        decided.append(first_divergence(run(with_rule, stream).to_json(),
+                                        run(without, stream).to_json()) is not None)
+
+    check()
+    assert len(decided) == 100 and sum(decided) >= 20, f"{sum(decided)} of {len(decided)}"
