@@ -111,9 +111,15 @@ PROPERTIES: tuple[Property, ...] = (
     Property("mm_prefix_hits", st.mm_hash_streams,
              targets=("mm_hash_not_in_block_hash", "mm_item_ending_at_block_start_skipped",
                       "mm_later_hashing_from_first_item"), scale=2),
-    # held_to_last_occurrence (0.29.0) and items_taken_per_request (0.23.0): rules of later
-    # releases, so no target here; on 250 ci streams each decides about 50 and 150.
+    # Rules of later releases (no target of 0.11.0's here), which the whole-space streams
+    # never decide (docs/upgrading.md); of their 250 ci streams, the reference of the
+    # rule's release decides items_taken_per_request (0.23.0) on 143 and
+    # held_to_last_occurrence (0.29.0) on 21; encoder_frees_wait_for_outputs (0.20.0) on 160
+    # and placeholder_tokens_hold_encoder_outputs (0.24.0) on 88;
+    # sending_requests_keep_the_engine_stepping (0.22.0) on 95.
     Property("repeated_images", st.repeated_image_streams),
+    Property("encoder_handoffs", st.encoder_handoff_streams),
+    Property("connector_idles", st.connector_idle_streams),
     Property("lora_encoder_skips", st.lora_encoder_skip_streams, ("lora_overfill",),
              targets=("lora_overfill_not_asserted", "encoder_budget_ignored")),
     Property("pooling", st.pooling_streams, ("pooled_after_chunks",),

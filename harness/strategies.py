@@ -32,6 +32,9 @@ Public strategies:
   (structured output) and :func:`mm_streams` (images), as servers send them;
   :func:`encoder_pressure_streams`, :func:`encoder_preemption_streams` and
   :func:`mm_hash_streams` for the encoder cache's and the image hashes' rarer rules;
+* :func:`repeated_image_streams`, :func:`encoder_handoff_streams` and
+  :func:`connector_idle_streams` for rules of later releases that the others never
+  decide;
 * :func:`any_stream`, which mixes all of them.
 
 Shrinking, in general: fewer requests, shorter prompts and outputs, earlier
@@ -64,7 +67,7 @@ __all__ = [
     "priority_victim_streams", "priority_victim_draft_streams", "hybrid_streams",
     "window_hit_streams", "draft_window_streams", "lora_streams", "grammar_streams",
     "mm_streams", "encoder_pressure_streams", "encoder_preemption_streams", "mm_hash_streams",
-    "repeated_image_streams",
+    "repeated_image_streams", "encoder_handoff_streams", "connector_idle_streams",
     "kv_cache_groups", "any_stream", "request_ids",
 ]
 
@@ -1347,7 +1350,7 @@ def repeated_image_streams(draw, **knobs: Any) -> dict[str, Any]:
     threshold).  ``r``'s second copy starts in one chunk and ends in the next, and ``b``
     reaches ``y`` in that next step: ``r`` is past its first copy, and whether that lets
     ``x`` be evicted for ``y`` decides who goes on (from 0.29.0 ``r`` holds ``x`` to its
-    last copy).  In half of the streams prefix caching is on and a request ``a`` with
+    last copy).  In a third of the streams prefix caching is on and a request ``a`` with
     ``r``'s first pages, the first copy in them, runs first: ``r``'s first copy is a hit
     and only its second takes ``x`` (from 0.23.0 only the items a request took are let
     go of).  One stream in four moves the second copy and ``y`` anywhere.  ``knobs`` are
@@ -1360,7 +1363,7 @@ def repeated_image_streams(draw, **knobs: Any) -> dict[str, Any]:
     chunk = draw(st.integers(x_len + 2, 8))
     y_len = x_len + draw(st.integers(1, 4))
     cache = y_len + draw(st.integers(0, x_len - 1))  # y fits, x and y together do not
-    cached_head = draw(st.booleans())
+    cached_head = _one_in(draw, 3)
     anywhere = _one_in(draw, 4)
 
     def text(n: int) -> list[int]:
@@ -1399,6 +1402,92 @@ def repeated_image_streams(draw, **knobs: Any) -> dict[str, Any]:
                           max_num_seqs=st.integers(2, 4), spare_blocks=st.integers(4, 12),
                           policy="fcfs", num_speculative_tokens=0))
     config["encoder_cache_size"] = config["encoder_compute_budget"] = cache
+    for rid, q in zip(draw(request_ids(len(requests))), requests):
+        q["id"] = rid
+    return {"config": config, "requests": requests}
+
+
+@st.composite
+def encoder_handoff_streams(draw, **knobs: Any) -> dict[str, Any]:
+    """An encoder cache handed from one image to the next under a batch queue (the bundled
+    encoder_frees_wait_for_outputs, varied).  ``a`` ends with its image, and step 0
+    computes it whole and ``b``'s text up to ``b``'s image, which the next step needs;
+    the encoder cache holds either image but not both.  Under async scheduling (or, one
+    stream in three, pipeline stages) the next step is scheduled before step 0's outputs
+    are in: whether ``a`` has let go of its image by then decides whether ``b``'s image
+    fits (from 0.20.0 it waits for the outputs).  One stream in four moves ``b``'s image
+    anywhere; the worker is done at once with a drawn share of the steps.  ``knobs`` are
+    not used (the requests are built here).
+    Shrinks towards: async scheduling, images of 2 tokens, ``a`` all image.
+    """
+    vocab = DEFAULT_VOCAB_SIZE
+
+    def text(n: int) -> list[int]:
+        return [1 + t % (vocab - 1) for t in _tokens(draw, n, vocab)]  # never the image token
+
+    a_len, b_len = draw(st.integers(2, 5)), draw(st.integers(2, 5))
+    cache = max(a_len, b_len) + draw(st.integers(0, min(a_len, b_len) - 1))
+    a = {"prompt": text(draw(st.integers(0, 4))) + [0] * a_len,
+         "output": text(draw(st.integers(1, 3)))}
+    a["mm_inputs"] = [{"offset": len(a["prompt"]) - a_len, "length": a_len, "hash": "image0"}]
+    b_head = draw(st.integers(1, 6))
+    budget = len(a["prompt"]) + b_head  # step 0: a whole, b up to its image
+    if _one_in(draw, 4):
+        b_head = draw(st.integers(0, 12))
+    b = {"prompt": text(b_head) + [0] * b_len + text(draw(st.integers(0, 3))),
+         "output": text(draw(st.integers(1, 3))),
+         "mm_inputs": [{"offset": b_head, "length": b_len, "hash": "image1"}]}
+    requests = [a, b]
+    longest = max(len(q["prompt"]) + len(q["output"]) for q in requests)
+    config = draw(configs(block_size=st.sampled_from([2, 4, 8]), max_model_len=longest + 8,
+                          enable_chunked_prefill=True, max_num_batched_tokens=budget,
+                          long_prefill_token_threshold=0, max_num_seqs=st.integers(2, 4),
+                          spare_blocks=st.integers(2, 8), policy="fcfs",
+                          num_speculative_tokens=0))
+    config["encoder_cache_size"] = cache
+    config["encoder_compute_budget"] = max(cache, budget)
+    for rid, q in zip(draw(request_ids(len(requests))), requests):
+        q["id"] = rid
+    data = {"config": config, "requests": requests}
+    if _one_in(draw, 3):
+        if config.get("kv_cache_memory_bytes") is not None:  # sized as one worker: in pages
+            config["num_gpu_blocks"] = kv_cache_layout(parse_drawn_stream(data).config).num_blocks
+            del config["kv_cache_memory_bytes"]
+        config["pipeline_parallel_size"] = draw(st.integers(2, 3))
+    else:
+        config["async_scheduling"] = True
+    _draw_ready_steps(draw, config, 12, [0.0, 0.0, 0.5, 1.0])
+    return data
+
+
+@st.composite
+def connector_idle_streams(draw, **knobs: Any) -> dict[str, Any]:
+    """Requests that finish while a KV producer still sends their pages, and nothing else
+    to run until the next one arrives (the bundled sending_requests_keep_the_engine_stepping,
+    varied): 1-3 requests one after another, each arriving 1-4 steps after the one before
+    is expected to finish, each sent for 1-3 steps.  Whether the engine steps while only a
+    send is left (from 0.22.0 it does: stats, the worker's transfer report) or idles
+    shows in those steps; scheduler stats are on in three streams of four.  ``knobs`` are
+    not used (the requests are built here).
+    Shrinks towards: one request sent for one step, stats on, kv_producer.
+    """
+    vocab = DEFAULT_VOCAB_SIZE
+    requests, arrival = [], 0
+    for _ in range(draw(st.integers(1, 3))):
+        prompt = _tokens(draw, draw(st.integers(1, 8)), vocab)
+        output = _tokens(draw, draw(st.integers(1, 3)), vocab)
+        request = {"prompt": prompt, "output": output,
+                   "kv_transfer": {"send_steps": draw(st.integers(1, 3))}}
+        if arrival:
+            request["arrival_step"] = arrival
+        requests.append(request)
+        arrival += len(output) + draw(st.integers(1, 4))  # finished, then a gap
+    config = draw(configs(max_model_len=st.integers(16, 24), max_num_batched_tokens=24,
+                          max_num_seqs=st.integers(1, 2), spare_blocks=st.integers(1, 6),
+                          num_speculative_tokens=0))
+    config["kv_role"] = draw(st.sampled_from(["kv_producer", "kv_both"]))
+    if not _one_in(draw, 4):
+        config["log_stats"] = True
     for rid, q in zip(draw(request_ids(len(requests))), requests):
         q["id"] = rid
     return {"config": config, "requests": requests}

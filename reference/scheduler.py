@@ -938,8 +938,12 @@ class Scheduler:
         """Let go of the encoder outputs whose placeholders the request has computed past:
         right after scheduling up to 0.19.1, once the step's outputs are in from 0.20.0
         (encoder_frees_wait_for_outputs; with async scheduling, after the next step is
-        scheduled)."""
-        free_encoder_inputs(request, request.num_computed_tokens, self.encoder_cache,
+        scheduled).  From 0.24.0 (placeholder_tokens_hold_encoder_outputs) tokens whose
+        sample is not in yet do not count as computed."""
+        computed = request.num_computed_tokens
+        if self.config.has("placeholder_tokens_hold_encoder_outputs"):
+            computed -= request.num_output_placeholders
+        free_encoder_inputs(request, computed, self.encoder_cache,
                             drafter_lookahead=self.encoder_free_lookahead())
 
     def encoder_free_lookahead(self) -> int:

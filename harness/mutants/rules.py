@@ -1368,6 +1368,7 @@ _CHANGE_MODULES = {
     "recached_outputs_not_freed": "vllm/v1/core/encoder_cache_manager.py",
     "items_taken_per_request": "vllm/v1/core/encoder_cache_manager.py",
     "encoder_frees_wait_for_outputs": SCHEDULER,
+    "placeholder_tokens_hold_encoder_outputs": SCHEDULER,
     "held_to_last_occurrence": "vllm/v1/core/encoder_cache_manager.py",
     "window_frees_wait_for_outputs": KV_CACHE_MANAGER,
     "window_cap_counts_batches_in_flight": "vllm/config/vllm.py",
@@ -1452,6 +1453,7 @@ _CHANGE_APPLIES = {
     "recached_outputs_not_freed": encoder,
     "items_taken_per_request": encoder,
     "encoder_frees_wait_for_outputs": encoder,
+    "placeholder_tokens_hold_encoder_outputs": lambda s: encoder(s) and batch_queue(s),
     "held_to_last_occurrence": encoder,
     "window_frees_wait_for_outputs": lambda s: (sliding(s) or chunked_local(s))
     and batch_queue(s),
