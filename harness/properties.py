@@ -116,7 +116,7 @@ PROPERTIES: tuple[Property, ...] = (
     # rule's release decides items_taken_per_request (0.23.0) on 143 and
     # held_to_last_occurrence (0.29.0) on 21; encoder_frees_wait_for_outputs (0.20.0) on 160
     # and placeholder_tokens_hold_encoder_outputs (0.24.0) on 88;
-    # sending_requests_keep_the_engine_stepping (0.22.0) on 95.
+    # sending_requests_keep_the_engine_stepping (0.22.0) on 75.
     Property("repeated_images", st.repeated_image_streams),
     Property("encoder_handoffs", st.encoder_handoff_streams),
     Property("connector_idles", st.connector_idle_streams),

@@ -1464,8 +1464,8 @@ def encoder_handoff_streams(draw, **knobs: Any) -> dict[str, Any]:
 def connector_idle_streams(draw, **knobs: Any) -> dict[str, Any]:
     """Requests that finish while a KV producer still sends their pages, and nothing else
     to run until the next one arrives (the bundled sending_requests_keep_the_engine_stepping,
-    varied): 1-3 requests one after another, each arriving 1-4 steps after the one before
-    is expected to finish, each sent for 1-3 steps.  Whether the engine steps while only a
+    varied): 1-3 requests of 1-2 outputs one after another, each arriving 1-3 steps after
+    the one before is expected to finish, each sent for 1-3 steps.  Whether the engine steps while only a
     send is left (from 0.22.0 it does: stats, the worker's transfer report) or idles
     shows in those steps; scheduler stats are on in three streams of four.  ``knobs`` are
     not used (the requests are built here).
@@ -1475,13 +1475,13 @@ def connector_idle_streams(draw, **knobs: Any) -> dict[str, Any]:
     requests, arrival = [], 0
     for _ in range(draw(st.integers(1, 3))):
         prompt = _tokens(draw, draw(st.integers(1, 8)), vocab)
-        output = _tokens(draw, draw(st.integers(1, 3)), vocab)
+        output = _tokens(draw, draw(st.integers(1, 2)), vocab)
         request = {"prompt": prompt, "output": output,
                    "kv_transfer": {"send_steps": draw(st.integers(1, 3))}}
         if arrival:
             request["arrival_step"] = arrival
         requests.append(request)
-        arrival += len(output) + draw(st.integers(1, 4))  # finished, then a gap
+        arrival += len(output) + draw(st.integers(1, 3))  # finished, then a gap
     config = draw(configs(max_model_len=st.integers(16, 24), max_num_batched_tokens=24,
                           max_num_seqs=st.integers(1, 2), spare_blocks=st.integers(1, 6),
                           num_speculative_tokens=0))
