@@ -338,9 +338,9 @@ CHANGES: tuple[RuleChange, ...] = (
         "0.33.0.  Found by the 0.32.0 check (seed 1).", until="0.33.0"),
     RuleChange(
         "placeholder_tokens_hold_encoder_outputs", "0.24.0", "#45347",
-        "Multimodal under a batch queue (async scheduling, pipeline stages): the test that "
-        "lets go of an item's encoder output counts the request's computed tokens less its "
-        "output placeholders, tokens scheduled whose sample is not in yet; the outputs are "
+        "Multimodal under async scheduling: the test that lets go of an item's encoder "
+        "output counts the request's computed tokens less its output placeholders, tokens "
+        "scheduled whose sample is not in yet (pipeline stages make none); the outputs are "
         "taken in before their placeholders are removed, so a request that decodes past its "
         "image holds it until the step after, and another image that needs the room waits.  "
         "0.23.0 counted the placeholders as computed.  Found by the 0.34.0 check of the "
