@@ -347,16 +347,17 @@ def _check_config_dict(config: dict[str, Any], pinned: set[str]) -> None:
     streams of every strategy), and the walk over a whole config would cost a few times
     more than the rest of the check.  Every cross-field rule is checked.
     """
-    requests = [{"id": "x", "prompt": [0], "output": [0], "max_tokens": 1}]
     try:
         errors = _pinned_shape_errors({k: config[k] for k in sorted(pinned)})
         if errors:
             raise StreamError(errors)
-        parse_drawn_stream({"config": config, "requests": requests})
+        parse_drawn_stream({"config": config, "requests": _ONE_TOKEN_REQUEST})
     except StreamError as exc:
         raise InvalidArgument(f"configs(): overrides give an invalid config: {exc}") from None
 
 
+#: The dummy request a drawn config is checked with (read, never changed).
+_ONE_TOKEN_REQUEST = [{"id": "x", "prompt": [0], "output": [0], "max_tokens": 1}]
 #: The schema's answers for sets of pinned fields of plain values (see _memo_key).
 _PINNED_ANSWERS: dict[Any, list[str]] = {}
 
@@ -367,8 +368,7 @@ def _pinned_shape_errors(fields: dict[str, Any]) -> list[str]:
     key = _memo_key(tuple(fields.items()))
     errors = _PINNED_ANSWERS.get(key) if key is not None else None
     if errors is None:
-        dummy = [{"id": "x", "prompt": [0], "output": [0], "max_tokens": 1}]
-        errors = shape_errors({"config": fields, "requests": dummy})
+        errors = shape_errors({"config": fields, "requests": _ONE_TOKEN_REQUEST})
         if key is not None and len(_PINNED_ANSWERS) < _MEMO_SIZE:
             _PINNED_ANSWERS[key] = errors
     return list(errors)
@@ -389,6 +389,11 @@ def _tokens(draw, n: int, vocab: int, avoid: frozenset[int] = frozenset()) -> li
     allowed = [t for t in range(vocab) if t not in avoid]
     raw = draw(st.binary(min_size=n, max_size=n))
     return [allowed[b % len(allowed)] for b in raw]
+
+
+def _text(draw, n: int, vocab: int = DEFAULT_VOCAB_SIZE) -> list[int]:
+    """``n`` text tokens of a multimodal prompt: never token 0, the image token."""
+    return [1 + t % (vocab - 1) for t in _tokens(draw, n, vocab)]
 
 
 def _other_token(draw, token: int, vocab: int) -> int:
@@ -1357,7 +1362,6 @@ def repeated_image_streams(draw, **knobs: Any) -> dict[str, Any]:
     not used (the requests are built here).
     Shrinks towards: pages of 4, chunks of 4 tokens, images of 2 and 3 tokens, no ``a``.
     """
-    vocab = DEFAULT_VOCAB_SIZE
     block_size = draw(st.sampled_from([4, 8, 2]))
     x_len = draw(st.integers(2, 4))
     chunk = draw(st.integers(x_len + 2, 8))
@@ -1365,9 +1369,6 @@ def repeated_image_streams(draw, **knobs: Any) -> dict[str, Any]:
     cache = y_len + draw(st.integers(0, x_len - 1))  # y fits, x and y together do not
     cached_head = _one_in(draw, 3)
     anywhere = _one_in(draw, 4)
-
-    def text(n: int) -> list[int]:
-        return [1 + t % (vocab - 1) for t in _tokens(draw, n, vocab)]  # never the image token
 
     first = draw(st.integers(1, chunk - 1))  # within r's first chunk
     # Where r's computing starts: 0, or a's whole pages (the first copy in them), a hit.
@@ -1380,17 +1381,17 @@ def repeated_image_streams(draw, **knobs: Any) -> dict[str, Any]:
     if anywhere:
         second += draw(st.integers(0, 2 * chunk))
         y_at = draw(st.integers(1, 3 * chunk))
-    prompt = (text(first) + [0] * x_len + text(second - first - x_len) + [0] * x_len
-              + text(draw(st.integers(1, 4))))
-    r = {"prompt": prompt, "output": text(draw(st.integers(1, 3))),
+    prompt = (_text(draw, first) + [0] * x_len + _text(draw, second - first - x_len)
+              + [0] * x_len + _text(draw, draw(st.integers(1, 4))))
+    r = {"prompt": prompt, "output": _text(draw, draw(st.integers(1, 3))),
          "mm_inputs": [{"offset": first, "length": x_len, "hash": "x"},
                        {"offset": second, "length": x_len, "hash": "x"}]}
-    b = {"prompt": text(y_at) + [0] * y_len + text(draw(st.integers(1, 4))),
-         "output": text(draw(st.integers(1, 3))),
+    b = {"prompt": _text(draw, y_at) + [0] * y_len + _text(draw, draw(st.integers(1, 4))),
+         "output": _text(draw, draw(st.integers(1, 3))),
          "mm_inputs": [{"offset": y_at, "length": y_len, "hash": "y"}]}
     requests = [b, r]
     if cached_head:  # a: r's first pages, done before b and r arrive
-        a = {"prompt": prompt[:start], "output": text(1),
+        a = {"prompt": prompt[:start], "output": _text(draw, 1),
              "mm_inputs": [{"offset": first, "length": x_len, "hash": "x"}]}
         b["arrival_step"] = r["arrival_step"] = _cdiv(start, chunk) + 2
         requests.insert(0, a)
@@ -1420,22 +1421,18 @@ def encoder_handoff_streams(draw, **knobs: Any) -> dict[str, Any]:
     not used (the requests are built here).
     Shrinks towards: async scheduling, images of 2 tokens, ``a`` all image.
     """
-    vocab = DEFAULT_VOCAB_SIZE
-
-    def text(n: int) -> list[int]:
-        return [1 + t % (vocab - 1) for t in _tokens(draw, n, vocab)]  # never the image token
 
     a_len, b_len = draw(st.integers(2, 5)), draw(st.integers(2, 5))
     cache = max(a_len, b_len) + draw(st.integers(0, min(a_len, b_len) - 1))
-    a = {"prompt": text(draw(st.integers(0, 4))) + [0] * a_len,
-         "output": text(draw(st.integers(1, 3)))}
+    a = {"prompt": _text(draw, draw(st.integers(0, 4))) + [0] * a_len,
+         "output": _text(draw, draw(st.integers(1, 3)))}
     a["mm_inputs"] = [{"offset": len(a["prompt"]) - a_len, "length": a_len, "hash": "image0"}]
     b_head = draw(st.integers(1, 6))
     budget = len(a["prompt"]) + b_head  # step 0: a whole, b up to its image
     if _one_in(draw, 4):
         b_head = draw(st.integers(0, 12))
-    b = {"prompt": text(b_head) + [0] * b_len + text(draw(st.integers(0, 3))),
-         "output": text(draw(st.integers(1, 3))),
+    b = {"prompt": _text(draw, b_head) + [0] * b_len + _text(draw, draw(st.integers(0, 3))),
+         "output": _text(draw, draw(st.integers(1, 3))),
          "mm_inputs": [{"offset": b_head, "length": b_len, "hash": "image1"}]}
     requests = [a, b]
     longest = max(len(q["prompt"]) + len(q["output"]) for q in requests)
@@ -1465,10 +1462,10 @@ def connector_idle_streams(draw, **knobs: Any) -> dict[str, Any]:
     """Requests that finish while a KV producer still sends their pages, and nothing else
     to run until the next one arrives (the bundled sending_requests_keep_the_engine_stepping,
     varied): 1-3 requests of 1-2 outputs one after another, each arriving 1-3 steps after
-    the one before is expected to finish, each sent for 1-3 steps.  Whether the engine steps while only a
-    send is left (from 0.22.0 it does: stats, the worker's transfer report) or idles
-    shows in those steps; scheduler stats are on in three streams of four.  ``knobs`` are
-    not used (the requests are built here).
+    the one before is expected to finish, each sent for 1-3 steps.  Whether the engine
+    steps while only a send is left (from 0.22.0 it does: stats, the worker's transfer
+    report) or idles shows in those steps; scheduler stats are on in three streams of
+    four.  ``knobs`` are not used (the requests are built here).
     Shrinks towards: one request sent for one step, stats on, kv_producer.
     """
     vocab = DEFAULT_VOCAB_SIZE
