@@ -85,6 +85,13 @@ def test_the_index_keeps_one_row_per_release_in_order(tmp_path):
     assert "| same |" in rows[1]
 
 
+def test_the_committed_index_is_what_a_run_writes_above_its_rows():
+    """A run rewrites docs/upgrades/README.md from INDEX_HEADER; words added to the page by
+    hand and not to the header would be lost by the next run."""
+    page = (upgrade_check.ROOT / "docs" / "upgrades" / "README.md").read_text().splitlines()
+    assert page[:len(upgrade_check.INDEX_HEADER)] == upgrade_check.INDEX_HEADER
+
+
 def test_the_summary_of_a_report(tmp_path):
     report = tmp_path / "x.md"
     report.write_text("# t\n\n## Verdict\n\n* **DIFFERENT**: 2 cause(s)\n"
