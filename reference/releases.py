@@ -483,6 +483,15 @@ CHANGES: tuple[RuleChange, ...] = (
         "the entry another copy still needed.  Found by the 0.30.0 check of a stream that "
         "reuses an image hash with another length."),
     RuleChange(
+        "batch_queue_fills_before_applying", "0.23.0", "#42187",
+        "Engine loop, with a batch queue (async scheduling or pipeline stages): a step "
+        "applies the oldest batch only when the queue is full or the scheduler holds no "
+        "request after scheduling.  A worker already done with the oldest batch no longer "
+        "makes the step apply it (the stream's async_ready_steps change nothing), and a "
+        "step that schedules no tokens while requests remain queues its empty batch "
+        "instead of applying at once.  Found by the vllm-core engine (vLLM's own "
+        "EngineCore) on 0.34.0."),
+    RuleChange(
         "held_to_last_occurrence", "0.29.0", "#54284",
         "Multimodal: a request that took the same item at several places holds the encoder "
         "cache entry until it lets go of the last of them; up to 0.28.0 letting go of the "

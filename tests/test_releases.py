@@ -109,6 +109,21 @@ def test_eagle_lookahead_item_waits_from_0_13_0_until_0_28_0():
         == [False, True, True, False, False]
 
 
+def test_a_batch_the_worker_is_done_with_waits_for_a_full_queue_from_0_23_0():
+    """batch_queue_fills_before_applying, on the bundled stream async_worker_done_at_once:
+    the worker is done at once in step 0, so up to 0.22.1 the step applies its batch and
+    a and b emit in it; from 0.23.0 the queue of two is not full, so they emit a step later."""
+    from harness.engines import get_engine
+    from harness.paths import STREAMS_DIR
+    from harness.runner import run
+    from harness.stream import load_stream
+    stream = load_stream(STREAMS_DIR / "async_worker_done_at_once.json")
+    before = run(get_engine("reference", release="0.22.1"), stream).to_json()["steps"]
+    after = run(get_engine("reference", release="0.23.0"), stream).to_json()["steps"]
+    assert before[0]["emitted"] == {"a": [2], "b": [7]}
+    assert not after[0].get("emitted") and after[1]["emitted"] == {"a": [2], "b": [7]}
+
+
 def test_window_cap_on_every_allocation_fails_the_engine_in_0_20_0_and_0_20_1():
     """The bundled stream of that name: at step 7 r0 needs a page in each group and none is
     free.  0.20.0 and 0.20.1 count its window page as none (its table is as long as the

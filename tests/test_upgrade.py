@@ -155,6 +155,16 @@ class TestShims:
         assert compat.startup_retention(unset, types.SimpleNamespace(
             cache_config=types.SimpleNamespace())).prefix_cache_retention_interval is None
 
+    def test_the_batch_queue_rule_read_from_the_engine_loop(self, compat):
+        """0.23.0 on: step_with_batch_queue no longer asks the oldest batch's Future whether
+        the worker is done (0.11.0's, installed here, does)."""
+        def later(self):  # the 0.23.0 shape: full queue or no request left
+            if len(self.batch_queue) < self.batch_queue_size and self.scheduler.has_requests():
+                return None
+
+        assert not compat.asks_whether_the_worker_is_done(later)
+        assert compat.applies_batch_the_worker_is_done_with()
+
     def test_chunked_prefill_flag_where_it_lives(self, compat):
         later = types.SimpleNamespace(enable_chunked_prefill=False)
         assert compat.effective_chunked_prefill(later) is False

@@ -249,6 +249,9 @@ class ReferenceEngine:
     def applies_oldest_now(self, in_flight: int, runs_work: bool, worker_done: bool) -> bool:
         size = engine_core.batch_queue_size(self.config.async_scheduling,
                                             self.config.pipeline_parallel_size)
+        if self.config.has("batch_queue_fills_before_applying"):
+            return engine_core.applies_oldest_when_full(in_flight, size, runs_work,
+                                                        self.has_requests())
         return engine_core.applies_oldest_now(in_flight, size, runs_work, worker_done)
 
     def end_step(self) -> None:

@@ -782,6 +782,8 @@ class VllmEngine:
         against EngineCore itself)."""
         c = self.config
         size = 2 if c.async_scheduling else c.pipeline_parallel_size
+        if not compat.applies_batch_the_worker_is_done_with():
+            return not (in_flight < size and (runs_work or self.sched.has_requests()))
         return not (runs_work and in_flight < size and not worker_done)
 
     def end_step(self) -> None:

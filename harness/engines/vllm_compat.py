@@ -38,6 +38,7 @@ difference was first seen; ``DETECTED`` lists the ones this vLLM needed.
 | requests set aside in ``schedule()`` | a queue made there (``prepend_request``) | plain deques, each request marked in ``Scheduler.deferred_waiting`` first (0.31.0): the marks are recorded |
 | grammar bitmask rows | packed: one per scheduled draft plus one | a block of ``1 + num_spec_tokens`` per request, the first ones written (0.34.0): those are taken; a row left unconstrained is traced with state -1 |
 | multimodal processor stand-in | ``info`` read | also ``info.ctx.model_config`` (0.34.0) |
+| ``EngineCore.step_with_batch_queue`` | applies the oldest batch once its Future is ``done()`` | only when the queue is full or no request is left (0.23.0): see :func:`applies_batch_the_worker_is_done_with` |
 | the KV cache layout | fixed by the backend | resolved once by the engine core before the sizing (0.29.0): see :func:`resolve_kv_cache_layout` |
 | ``FlashAttentionBackend.get_kv_cache_shape`` | the backend's tensor shape | gone (0.29.0): the logical per-layer view, see :func:`flash_attention_kv_shape` |
 """
@@ -437,6 +438,25 @@ def resumed_flags(cached) -> list[bool]:
         return [rid in resumed for rid in cached.req_ids]
     _note("resumed requests handed among the new ones")
     return [False] * len(cached.req_ids)
+
+
+@functools.lru_cache(maxsize=None)
+def applies_batch_the_worker_is_done_with() -> bool:
+    """Whether EngineCore's ``step_with_batch_queue`` applies the oldest batch in flight
+    as soon as the worker is done with it (it asks that batch's Future ``done()``), as up
+    to 0.22.1; from 0.23.0 it applies one only when the queue is full or the scheduler
+    holds no request.  Read from the method's source: the rule is a condition in its
+    body, with no attribute or signature to show it."""
+    from vllm.v1.engine.core import EngineCore
+    asks = asks_whether_the_worker_is_done(EngineCore.step_with_batch_queue)
+    if not asks:
+        _note("batch queue applied only when full")
+    return asks
+
+
+def asks_whether_the_worker_is_done(step_with_batch_queue) -> bool:
+    """Whether this ``step_with_batch_queue`` asks a batch's Future ``done()``."""
+    return ".done()" in inspect.getsource(step_with_batch_queue)
 
 
 def resumes_among_new(scheduler) -> bool:

@@ -1369,6 +1369,7 @@ _CHANGE_MODULES = {
     "items_taken_per_request": "vllm/v1/core/encoder_cache_manager.py",
     "encoder_frees_wait_for_outputs": SCHEDULER,
     "placeholder_tokens_hold_encoder_outputs": SCHEDULER,
+    "batch_queue_fills_before_applying": ENGINE_CORE,
     "held_to_last_occurrence": "vllm/v1/core/encoder_cache_manager.py",
     "window_frees_wait_for_outputs": KV_CACHE_MANAGER,
     "window_cap_counts_batches_in_flight": "vllm/config/vllm.py",
@@ -1454,6 +1455,7 @@ _CHANGE_APPLIES = {
     "items_taken_per_request": encoder,
     "encoder_frees_wait_for_outputs": encoder,
     "placeholder_tokens_hold_encoder_outputs": lambda s: encoder(s) and batch_queue(s),
+    "batch_queue_fills_before_applying": batch_queue,
     "held_to_last_occurrence": encoder,
     "window_frees_wait_for_outputs": lambda s: (sliding(s) or chunked_local(s))
     and batch_queue(s),
