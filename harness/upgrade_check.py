@@ -42,7 +42,7 @@ INDEX_HEADER = [
     "the newest one before it that it does; a row with fewer than 5,000 generated streams is",
     "a first look.  Releases from 0.24.0 run with a second base stack (transformers 5, xgrammar,",
     "`constraints-stack.txt`); what changed, release by release: [changelog.md](changelog.md).",
-    "The rows of 0.25.1, 0.26.0, 0.27.0, 0.27.1 and 0.29.0 to 0.32.0 were checked before the",
+    "The rows of 0.25.1, 0.26.0, 0.27.0, 0.27.1 and 0.29.0 to 0.31.0 were checked before the",
     "step loop followed 0.23.0's engine loop (`batch_queue_fills_before_applying`,",
     "[upgrading.md](../upgrading.md)): on about 2% of their streams the `vllm` side ran",
     "0.11.0's batch-queue condition.",
