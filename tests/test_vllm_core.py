@@ -176,3 +176,59 @@ def test_engine_core_sizes_the_pool_of_the_stream(core_engine):
         assert pool.num_gpu_blocks == blocks
         assert core_engine.core.vllm_config.cache_config.num_gpu_blocks == blocks
         core_engine.shutdown()
+
+
+def one_page_held_back(monkeypatch):
+    """Stand-in for a later release's start-up check (0.29.0 holds the null page back from
+    one max_model_len request): 0.11.0's own check, shown one page less in every layer."""
+    from vllm.v1.core import kv_cache_utils
+    real = kv_cache_utils.check_enough_kv_cache_memory
+
+    def check(vllm_config, spec, available):
+        return real(vllm_config, spec, available - next(iter(spec.values())).page_size_bytes
+                    * len(spec))
+    monkeypatch.setattr(kv_cache_utils, "check_enough_kv_cache_memory", check)
+
+
+def test_a_pool_engine_core_refuses_at_start_is_refused_with_vllms_reason(core_engine,
+                                                                         monkeypatch):
+    one_page_held_back(monkeypatch)
+    exact = parse_stream(stream_dict({"num_gpu_blocks": 12, "max_model_len": 48}))
+    why = core_engine.refuses(exact)
+    assert why.startswith("vLLM's start-up refuses this pool: To serve at least one request")
+    assert "max seq len (48)" in why and "estimated maximum model length is 44." in why
+    assert "\n" not in why and " Try " not in why  # one line, without the operator's advice
+    roomier = parse_stream(stream_dict({"num_gpu_blocks": 13, "max_model_len": 48}))
+    assert core_engine.refuses(roomier) is None
+
+
+def test_other_start_up_failures_are_run_and_compared_not_refused(core_engine, monkeypatch):
+    """Only vLLM's sizing refuses a pool; a ValueError from elsewhere in start-up is the
+    run's failure, compared with the reference's."""
+    from vllm.v1.core import kv_cache_utils
+
+    def elsewhere(vllm_config, spec, available):
+        raise ValueError("not the sizing's")
+    monkeypatch.setattr(kv_cache_utils, "check_enough_kv_cache_memory", elsewhere)
+    stream = parse_stream(stream_dict())
+    assert core_engine.refuses(stream) is None
+    with pytest.raises(ValueError, match="not the sizing's") as raised:
+        core_engine.start(stream)
+    assert "refuses" not in str(raised.value)
+
+
+def test_a_start_up_that_changes_the_block_size_is_refused(core_engine, monkeypatch):
+    """0.34.0's EngineCore gives the scheduler the groups' smallest page as its block size
+    (a lone Mamba group's page holds max_model_len tokens); the stream's block size is then
+    not the one vLLM runs.  Stand-in: 0.11.0's start-up, then that block size."""
+    from vllm.v1.engine.core import EngineCore
+    real = EngineCore._initialize_kv_caches
+
+    def larger_blocks(self, vllm_config):
+        sized = real(self, vllm_config)
+        vllm_config.cache_config.block_size = 16
+        return sized
+    monkeypatch.setattr(EngineCore, "_initialize_kv_caches", larger_blocks)
+    assert core_engine.refuses(parse_stream(stream_dict())) == (
+        "EngineCore's start-up gives the scheduler 16-token blocks (its smallest KV cache "
+        "group page), not the stream's block_size 4")

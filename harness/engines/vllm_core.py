@@ -54,13 +54,18 @@ Streams this engine takes (:func:`unsupported`): those whose groups vLLM's
 start-up makes again from per-layer specs: each kind's groups next to each
 other, and some kind only once (the rarest kind's layer count is vLLM's group
 size).  A Mamba group's stand-in page is padded to the attention page, as vLLM
-pads a hybrid model's.  The others are driven by the ``vllm`` engine only.
+pads a hybrid model's.  Nor those whose pool EngineCore's start-up refuses
+(:func:`start_up_refusal`, asked of vLLM by starting it): later releases check
+the pool against one max_model_len request more strictly than the stream format
+does, and 0.34.0 gives the scheduler the groups' smallest page as its block
+size.  The others are driven by the ``vllm`` engine only.
 """
 
 from __future__ import annotations
 
 import functools
 from collections import Counter
+from pathlib import Path
 from concurrent.futures import Future
 
 from harness.engines import vllm_env  # noqa: F401  (before vLLM is imported)
@@ -250,6 +255,48 @@ class GrammarCompiler:
         return self.engine.grammar_future(self.engine.by_id[request.request_id])
 
 
+class StartUpRefusal(ValueError):
+    """EngineCore's start-up does not take the stream's pool as the stream states it; a
+    server would not start (or would start with another block size)."""
+
+
+#: vLLM's KV cache sizing at start-up (``kv_cache_planning`` from 0.33.0): a ValueError
+#: raised there is its refusal of the pool.
+SIZING_MODULES = ("kv_cache_utils.py", "kv_cache_planning.py")
+
+
+def raised_by_sizing(error: ValueError) -> bool:
+    """Whether vLLM's start-up sizing raised the error (its innermost frame)."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and Path(tb.tb_frame.f_code.co_filename).name in SIZING_MODULES
+
+
+def advice_cut(error: Exception) -> str:
+    """vLLM's message on one line, without the advice to the server's operator."""
+    text = " ".join(str(error).split())
+    return text.split(" Try ", 1)[0]
+
+
+def start_up_refusal(stream: Stream) -> str | None:
+    """Why EngineCore's start-up refuses the stream's pool, or None when it takes it.
+
+    Later releases check the pool more strictly than the stream format does (0.29.0 holds
+    the null page back from one max_model_len request, 0.26.0 plans for the batches in
+    flight), and 0.34.0 sets the scheduler's block size from the groups' pages; the
+    ``vllm`` engine builds its Scheduler itself and takes such a stream.  Asked of
+    vLLM itself: a throwaway engine starts on the stream.  Any other start-up failure is
+    not a refusal: the run meets it again and it is compared."""
+    try:
+        VllmCoreEngine().start(stream)
+    except StartUpRefusal as refusal:
+        return str(refusal)
+    except Exception:  # noqa: BLE001  (compared when the stream runs)
+        return None
+    return None
+
+
 #: The engine whose EngineCore is being built (read by ScriptedExecutor._init_executor).
 _STARTING: list = [None]
 
@@ -260,7 +307,7 @@ class VllmCoreEngine(VllmEngine):
     name = "vllm-core"
 
     def refuses(self, stream: Stream) -> str | None:
-        return unsupported(stream)
+        return unsupported(stream) or start_up_refusal(stream)
 
     def start(self, stream: Stream) -> None:
         why = unsupported(stream)
@@ -293,9 +340,18 @@ class VllmCoreEngine(VllmEngine):
             with compat.multimodal_while_sizing(mc, bool(encoder)):
                 self.core = EngineCore(vllm_config=vc, executor_class=ScriptedExecutor,
                                        log_stats=c.log_stats)
+        except ValueError as e:
+            if raised_by_sizing(e):
+                raise StartUpRefusal(f"vLLM's start-up refuses this pool: {advice_cut(e)}") from e
+            raise
         finally:
             _STARTING[0] = None
             mc.max_model_len = model_max
+        block_size = self.core.scheduler.block_size
+        if block_size != c.block_size:
+            raise StartUpRefusal(
+                f"EngineCore's start-up gives the scheduler {block_size}-token blocks (its "
+                f"smallest KV cache group page), not the stream's block_size {c.block_size}")
         self.core.structured_output_manager.executor = GrammarCompiler(self)
         pool = self.core.scheduler.kv_cache_manager.block_pool
         if pool.num_gpu_blocks != c.num_gpu_blocks:
