@@ -116,10 +116,12 @@ PROPERTIES: tuple[Property, ...] = (
     # rule's release decides items_taken_per_request (0.23.0) on 143 and
     # held_to_last_occurrence (0.29.0) on 21; encoder_frees_wait_for_outputs (0.20.0) on 160
     # and placeholder_tokens_hold_encoder_outputs (0.24.0) on 88;
-    # sending_requests_keep_the_engine_stepping (0.22.0) on 75.
+    # sending_requests_keep_the_engine_stepping (0.22.0) on 75;
+    # passed_over_victim_keeps_the_pass (0.28.0) on 31.
     Property("repeated_images", st.repeated_image_streams),
     Property("encoder_handoffs", st.encoder_handoff_streams),
     Property("connector_idles", st.connector_idle_streams),
+    Property("passed_over_victims", st.passed_over_victim_streams),
     Property("lora_encoder_skips", st.lora_encoder_skip_streams, ("lora_overfill",),
              targets=("lora_overfill_not_asserted", "encoder_budget_ignored")),
     Property("pooling", st.pooling_streams, ("pooled_after_chunks",),

@@ -32,9 +32,9 @@ Public strategies:
   (structured output) and :func:`mm_streams` (images), as servers send them;
   :func:`encoder_pressure_streams`, :func:`encoder_preemption_streams` and
   :func:`mm_hash_streams` for the encoder cache's and the image hashes' rarer rules;
-* :func:`repeated_image_streams`, :func:`encoder_handoff_streams` and
-  :func:`connector_idle_streams` for rules of later releases that the others never
-  decide;
+* :func:`repeated_image_streams`, :func:`encoder_handoff_streams`,
+  :func:`connector_idle_streams` and :func:`passed_over_victim_streams` for rules of
+  later releases that the others never decide;
 * :func:`any_stream`, which mixes all of them.
 
 Shrinking, in general: fewer requests, shorter prompts and outputs, earlier
@@ -68,7 +68,7 @@ __all__ = [
     "window_hit_streams", "draft_window_streams", "lora_streams", "grammar_streams",
     "mm_streams", "encoder_pressure_streams", "encoder_preemption_streams", "mm_hash_streams",
     "repeated_image_streams", "encoder_handoff_streams", "connector_idle_streams",
-    "kv_cache_groups", "any_stream", "request_ids",
+    "passed_over_victim_streams", "kv_cache_groups", "any_stream", "request_ids",
 ]
 
 # ---------------------------------------------------------------------------
@@ -1485,6 +1485,49 @@ def connector_idle_streams(draw, **knobs: Any) -> dict[str, Any]:
     config["kv_role"] = draw(st.sampled_from(["kv_producer", "kv_both"]))
     if not _one_in(draw, 4):
         config["log_stats"] = True
+    for rid, q in zip(draw(request_ids(len(requests))), requests):
+        q["id"] = rid
+    return {"config": config, "requests": requests}
+
+
+@st.composite
+def passed_over_victim_streams(draw, **knobs: Any) -> dict[str, Any]:
+    """A priority victim the pass has already passed over (the bundled
+    passed_over_victim_keeps_the_pass, varied).  Under two pipeline stages a decoding
+    request gets a token every other step: the steps between, its token is still on the
+    worker and the pass goes by it.  ``v``, the least urgent, arrives first and decodes
+    in the even steps; ``x`` and ``y``, more urgent, arrive together in an odd step and
+    decode in the odd ones, in a pool of their prompts' pages and 0-4 more.  When ``x``
+    needs a page that is not there, ``v`` (index 0, passed over) is the victim; whether
+    the pass steps back with it decides whether ``y``, right after ``x``, gets its token
+    in that step (from 0.28.0 it does).  The worker is done at once with a drawn share
+    of the steps.  ``knobs`` are not used (the requests are built here).
+    Shrinks towards: 4-token pages, arrival at step 1, one-token prompts, no spare page.
+    """
+    vocab = DEFAULT_VOCAB_SIZE
+    block_size = draw(st.sampled_from([4, 2, 8]))
+    arrival = draw(st.sampled_from([1, 3, 5]))
+
+    def request(priority: int, arrival_step: int) -> dict[str, Any]:
+        q = {"prompt": _tokens(draw, draw(st.integers(1, 12)), vocab),
+             "output": _tokens(draw, draw(st.integers(4, 16)), vocab), "priority": priority}
+        if arrival_step:
+            q["arrival_step"] = arrival_step
+        return q
+
+    requests = [request(draw(st.integers(2, 4)), 0), request(draw(st.integers(0, 1)), arrival),
+                request(draw(st.integers(0, 1)), arrival)]
+    max_model_len = max(len(q["prompt"]) + len(q["output"]) for q in requests) \
+        + draw(st.integers(1, 4))
+    prompts = sum(_cdiv(len(q["prompt"]) + 1, block_size) for q in requests)
+    pool = 1 + max(prompts + draw(st.integers(0, 4)), _cdiv(max_model_len, block_size))
+    config = draw(configs(block_size=block_size, max_model_len=max_model_len,
+                          enable_chunked_prefill=True,
+                          enable_prefix_caching=st.sampled_from([False, True]), max_num_seqs=3,
+                          max_num_batched_tokens=40, long_prefill_token_threshold=0,
+                          num_gpu_blocks=pool, policy="priority", num_speculative_tokens=0))
+    config["pipeline_parallel_size"] = 2
+    _draw_ready_steps(draw, config, 24, [0.0, 0.0, 0.5, 1.0])
     for rid, q in zip(draw(request_ids(len(requests))), requests):
         q["id"] = rid
     return {"config": config, "requests": requests}
