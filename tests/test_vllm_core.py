@@ -218,9 +218,9 @@ def test_other_start_up_failures_are_run_and_compared_not_refused(core_engine, m
 
 
 def test_a_start_up_that_changes_the_block_size_is_refused(core_engine, monkeypatch):
-    """0.34.0's EngineCore gives the scheduler the groups' smallest page as its block size
-    (a lone Mamba group's page holds max_model_len tokens); the stream's block size is then
-    not the one vLLM runs.  Stand-in: 0.11.0's start-up, then that block size."""
+    """0.34.0's EngineCore sets the block size to the groups' smallest page (a lone Mamba
+    group's page holds max_model_len tokens); the stream's block size is then not the one
+    vLLM runs.  Stand-in: 0.11.0's start-up, then that block size."""
     from vllm.v1.engine.core import EngineCore
     real = EngineCore._initialize_kv_caches
 
@@ -230,5 +230,5 @@ def test_a_start_up_that_changes_the_block_size_is_refused(core_engine, monkeypa
         return sized
     monkeypatch.setattr(EngineCore, "_initialize_kv_caches", larger_blocks)
     assert core_engine.refuses(parse_stream(stream_dict())) == (
-        "EngineCore's start-up gives the scheduler 16-token blocks (its smallest KV cache "
+        "EngineCore's start-up sets the block size to 16 tokens (its smallest KV cache "
         "group page), not the stream's block_size 4")

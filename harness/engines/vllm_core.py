@@ -57,8 +57,8 @@ size).  A Mamba group's stand-in page is padded to the attention page, as vLLM
 pads a hybrid model's.  Nor those whose pool EngineCore's start-up refuses
 (:func:`start_up_refusal`, asked of vLLM by starting it): later releases check
 the pool against one max_model_len request more strictly than the stream format
-does, and 0.34.0 gives the scheduler the groups' smallest page as its block
-size.  The others are driven by the ``vllm`` engine only.
+does, and 0.34.0 sets the block size to the groups' smallest page (a lone
+Mamba group's holds max_model_len tokens).  The others are driven by the ``vllm`` engine only.
 """
 
 from __future__ import annotations
@@ -284,8 +284,8 @@ def start_up_refusal(stream: Stream) -> str | None:
 
     Later releases check the pool more strictly than the stream format does (0.29.0 holds
     the null page back from one max_model_len request, 0.26.0 plans for the batches in
-    flight), and 0.34.0 sets the scheduler's block size from the groups' pages; the
-    ``vllm`` engine builds its Scheduler itself and takes such a stream.  Asked of
+    flight), and 0.34.0 sets the block size to the groups' smallest page; the ``vllm``
+    engine builds its Scheduler itself and takes such a stream.  Asked of
     vLLM itself: a throwaway engine starts on the stream.  Any other start-up failure is
     not a refusal: the run meets it again and it is compared."""
     try:
@@ -347,10 +347,12 @@ class VllmCoreEngine(VllmEngine):
         finally:
             _STARTING[0] = None
             mc.max_model_len = model_max
-        block_size = self.core.scheduler.block_size
+        # (The scheduler's own block size is the groups' common multiple with several
+        # groups, in the vllm engine too; the cache config's is the stream's.)
+        block_size = self.core.vllm_config.cache_config.block_size
         if block_size != c.block_size:
             raise StartUpRefusal(
-                f"EngineCore's start-up gives the scheduler {block_size}-token blocks (its "
+                f"EngineCore's start-up sets the block size to {block_size} tokens (its "
                 f"smallest KV cache group page), not the stream's block_size {c.block_size}")
         self.core.structured_output_manager.executor = GrammarCompiler(self)
         pool = self.core.scheduler.kv_cache_manager.block_pool
