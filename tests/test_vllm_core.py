@@ -190,62 +190,42 @@ def stand_in_on_0_11_0(core_engine) -> None:
         pytest.skip(f"a stand-in on vLLM 0.11.0's start-up; this is {core_engine.version()}")
 
 
-def one_page_held_back(monkeypatch):
-    """Stand-in for a later release's start-up check (0.29.0 holds the null page back from
-    one max_model_len request): 0.11.0's own check, shown one page less in every layer."""
-    from vllm.v1.core import kv_cache_utils
-    real = kv_cache_utils.check_enough_kv_cache_memory
-
-    def check(vllm_config, spec, available):
-        return real(vllm_config, spec, available - next(iter(spec.values())).page_size_bytes
-                    * len(spec))
-    monkeypatch.setattr(kv_cache_utils, "check_enough_kv_cache_memory", check)
-
-
-def test_a_pool_engine_core_refuses_at_start_is_refused_with_vllms_reason(core_engine,
-                                                                         monkeypatch):
+def test_a_pool_engine_core_refuses_at_start_is_refused_with_vllms_reason(core_engine):
     """A pool EngineCore's start-up refuses is refused with vLLM's own message, on one
     line; one page more and it is taken."""
     stand_in_on_0_11_0(core_engine)
-    one_page_held_back(monkeypatch)
+    from harness.engines.vllm_mutants import start_up_holds_back_a_page
     exact = parse_stream(stream_dict({"num_gpu_blocks": 12, "max_model_len": 48}))
-    why = core_engine.refuses(exact)
+    roomier = parse_stream(stream_dict({"num_gpu_blocks": 13, "max_model_len": 48}))
+    with start_up_holds_back_a_page():
+        why = core_engine.refuses(exact)
+        assert core_engine.refuses(roomier) is None
     assert why.startswith("vLLM's start-up refuses this pool: To serve at least one request")
     assert "max seq len (48)" in why and "estimated maximum model length is 44." in why
     assert "\n" not in why and " Try " not in why  # one line, without the operator's advice
-    roomier = parse_stream(stream_dict({"num_gpu_blocks": 13, "max_model_len": 48}))
-    assert core_engine.refuses(roomier) is None
 
 
-def test_other_start_up_failures_are_run_and_compared_not_refused(core_engine, monkeypatch):
+def test_other_start_up_failures_are_run_and_compared_not_refused(core_engine):
     """Only vLLM's sizing refuses a pool; a ValueError from elsewhere in start-up is the
     run's failure, compared with the reference's."""
     stand_in_on_0_11_0(core_engine)
-    from vllm.v1.core import kv_cache_utils
-
-    def elsewhere(vllm_config, spec, available):
-        raise ValueError("not the sizing's")
-    monkeypatch.setattr(kv_cache_utils, "check_enough_kv_cache_memory", elsewhere)
+    from harness.engines.vllm_mutants import start_up_check_fails
     stream = parse_stream(stream_dict())
-    assert core_engine.refuses(stream) is None
-    with pytest.raises(ValueError, match="not the sizing's") as raised:
-        core_engine.start(stream)
+    with start_up_check_fails("not the sizing's"):
+        assert core_engine.refuses(stream) is None
+        with pytest.raises(ValueError, match="not the sizing's") as raised:
+            core_engine.start(stream)
     assert "refuses" not in str(raised.value)
 
 
-def test_a_start_up_that_changes_the_block_size_is_refused(core_engine, monkeypatch):
+def test_a_start_up_that_changes_the_block_size_is_refused(core_engine):
     """0.34.0's EngineCore sets the block size to the groups' smallest page (a lone Mamba
     group's page holds max_model_len tokens); the stream's block size is then not the one
     vLLM runs.  Stand-in: 0.11.0's start-up, then that block size."""
     stand_in_on_0_11_0(core_engine)
-    from vllm.v1.engine.core import EngineCore
-    real = EngineCore._initialize_kv_caches
-
-    def larger_blocks(self, vllm_config):
-        sized = real(self, vllm_config)
-        vllm_config.cache_config.block_size = 16
-        return sized
-    monkeypatch.setattr(EngineCore, "_initialize_kv_caches", larger_blocks)
-    assert core_engine.refuses(parse_stream(stream_dict())) == (
+    from harness.engines.vllm_mutants import start_up_sets_block_size
+    with start_up_sets_block_size(16):
+        why = core_engine.refuses(parse_stream(stream_dict()))
+    assert why == (
         "EngineCore's start-up sets the block size to 16 tokens (its smallest KV cache "
         "group page), not the stream's block_size 4")
