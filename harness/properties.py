@@ -81,6 +81,8 @@ PROPERTIES: tuple[Property, ...] = (
              targets=("priority_quirk_fixed", "priority_victim_loses_its_grant_dropped")),
     Property("priority_victim_drafts", st.priority_victim_draft_streams, ("draft_rejection",),
              targets=("rejected_drafts_kept_by_victim",), scale=3),
+    Property("priority_victim_windows", st.priority_victim_window_streams, ("preempt_priority",),
+             targets=("window_walk_capped_to_table",)),
     Property("hybrid_groups", st.hybrid_streams, ("hybrid_hit_with_null_pages",),
              targets=("window_pages_kept", "window_edge_off_by_one", "chunk_hit_from_start",
                       "chunk_pages_kept", "chunk_frees_last_cached_page",

@@ -971,6 +971,47 @@ def priority_victim_streams(draw, *, drafts: bool | None = None, **knobs: Any) -
     return data
 
 
+@st.composite
+def priority_victim_window_streams(draw, **knobs: Any) -> dict[str, Any]:
+    """Priority victims of a hybrid model: a full-attention group beside a sliding window
+    of at most a page, or chunked local attention with one-page chunks.
+
+    The longest prompt arrives first, least urgent, and prefills in chunks of the
+    long-prefill threshold (4-8 tokens), so it is scheduled first in each step with a
+    chunk as its grant; the others arrive one or two steps later, more urgent, and need
+    the last pages of a tight pool.  A victim that keeps its grant
+    (quirks.PRIORITY_VICTIM_KEEPS_ITS_GRANT) resumes with that count and no pages, and in
+    0.11.0 the window's group then indexes its empty block table
+    (quirks.PRIORITY_VICTIM_INDEX_ERROR, first found by an unseen fuzz seed): about one
+    stream in five of the ci profile.  ``knobs`` go to :func:`streams`.
+    Shrinks towards: two requests, pages of one token, a window of one token.
+    """
+    block_size = draw(st.sampled_from([1, 2, 4]))
+    other = ({"type": "chunked_local", "attention_chunk_size": block_size} if _one_in(draw, 3)
+             else {"type": "sliding_window", "sliding_window": draw(st.integers(1, block_size))})
+    config = configs(policy="priority", block_size=block_size, max_model_len=st.integers(16, 24),
+                     kv_cache_groups=[{"type": "full"}, other], enable_chunked_prefill=True,
+                     long_prefill_token_threshold=st.integers(4, 8), budget=st.integers(6, 12),
+                     spare_blocks=st.integers(0, 1), max_num_seqs=st.integers(2, 4),
+                     num_speculative_tokens=0)
+    data = draw(streams(**_with(dict(config=config, min_requests=2, max_requests=4,
+                                     max_arrival_step=0, min_prompt_len=10, max_prompt_len=24,
+                                     max_output_len=8, priorities=False, aborts=False), knobs)))
+    # The longest prompt arrives first, least urgent; the others while it prefills.
+    requests = data["requests"]
+    requests.insert(0, requests.pop(max(range(len(requests)),
+                                        key=lambda i: len(requests[i]["prompt"]))))
+    requests[0]["priority"] = 2
+    later = sorted(draw(st.lists(st.integers(1, 2), min_size=len(requests) - 1,
+                                 max_size=len(requests) - 1)))
+    for request, step in zip(requests[1:], later):
+        request["arrival_step"] = step
+        level = draw(st.integers(0, 1))
+        if level:
+            request["priority"] = level
+    return data
+
+
 def set_aside_threshold_streams(**knobs: Any) -> SearchStrategy[dict[str, Any]]:
     """:func:`set_aside_streams` with a long-prefill threshold in every config: the
     threshold caps a prompt before the whole-prompt test decides whether it fits."""

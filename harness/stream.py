@@ -434,13 +434,23 @@ def kv_cache_layout(c: Config, null_page_held_back: bool = False) -> kv_sizing.K
                                      c.max_model_len, null_page_held_back=null_page_held_back)
 
 
+def pages_in_memory(c: Config) -> int:
+    """How many pages ``kv_cache_memory_bytes`` holds for the stream's model, without
+    vLLM's start-up check (reference.kv_sizing)."""
+    shape = kv_sizing.ModelShape.load(MODELS_DIR / c.model)
+    return kv_sizing.num_blocks_for_budget(shape, c.block_size, c.kv_cache_memory_bytes)
+
+
 def _pool_from_memory(config: dict[str, Any]) -> dict[str, Any]:
-    """The config with num_gpu_blocks computed from kv_cache_memory_bytes, where it can
-    be (the rules report a model, memory or groups it cannot be computed for)."""
+    """The config with num_gpu_blocks estimated from kv_cache_memory_bytes, where it can be
+    (the rules report a model, memory or groups it cannot be estimated for).  Only for
+    reading and drawing streams: each engine sizes its own pool at start-up (the vLLM
+    engines with vLLM's sizing, the reference with its own), and whether a memory is
+    enough is their start-up check's to say, compared like any other step."""
     try:
         c = Config(**config)
         if c.kv_cache_groups is None and (MODELS_DIR / c.model / "config.json").is_file():
-            return {**config, "num_gpu_blocks": kv_cache_layout(c).num_blocks}
+            return {**config, "num_gpu_blocks": pages_in_memory(c)}
     except (TypeError, ValueError, KeyError, OSError):
         pass
     return config
@@ -622,22 +632,21 @@ MAX_POOL_PAGES = 1048576
 
 def _memory_errors(c: Config) -> list[str]:
     """The pool from memory: one full-attention group (vLLM's start-up for the bundled
-    models), and enough memory for one max_model_len request (vLLM's start-up check)."""
+    models), and no more pages than the harness runs.  Whether the memory holds one
+    max_model_len request is not asked here: that is vLLM's start-up check, which each
+    engine applies with its own sizing (a memory too small ends both runs at start-up)."""
     if c.kv_cache_memory_bytes is None:
         return []
     if c.kv_cache_groups is not None:
         return ["config.kv_cache_memory_bytes: not with kv_cache_groups (the pool of a "
                 "stream with its own groups is given as num_gpu_blocks)"]
     try:
-        layout = kv_cache_layout(c)
-    except kv_sizing.NotEnoughKVCacheMemory as exc:
-        return [f"config.kv_cache_memory_bytes: too small for one max_model_len request "
-                f"({exc.needed} bytes needed; vLLM refuses to start)"]
+        pages = pages_in_memory(c)
     except (ValueError, KeyError, OSError):
         return []  # the model's own error is reported
-    if layout.num_blocks > MAX_POOL_PAGES:
-        return [f"config.kv_cache_memory_bytes: makes {layout.num_blocks} pages, more than "
-                f"the {MAX_POOL_PAGES} num_gpu_blocks may be"]
+    if pages > MAX_POOL_PAGES:
+        return [f"config.kv_cache_memory_bytes: makes {pages} pages, more than "
+                f"the {MAX_POOL_PAGES} num_gpu_blocks may be (a limit of the harness)"]
     return []
 
 
@@ -697,7 +706,9 @@ def _config_errors(c: Config) -> list[str]:
     if c.kv_cache_events and len(c.groups) > 1:
         errors.append("config.kv_cache_events: needs a single KV cache group (vLLM 0.11.0 turns "
                       "its hybrid KV cache manager off when KV cache events are on)")
-    if c.kv_cache_groups is None:
+    if c.kv_cache_memory_bytes is not None:
+        pass  # the engines' start-up check (see _memory_errors)
+    elif c.kv_cache_groups is None:
         needed = cdiv(c.max_model_len, c.block_size)
         if c.num_gpu_blocks < needed:
             errors.append(f"config.num_gpu_blocks: must be >= ceil(max_model_len / block_size) = "

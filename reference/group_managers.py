@@ -173,10 +173,19 @@ class GroupManager:
 
         It walks back from ``first_kept - 1`` and stops at the first null page:
         the pages before it were nulled by an earlier call.
+
+        Up to 0.13.0 a table shorter than ``first_kept`` is indexed past its end and
+        the step raises ``IndexError``, as vLLM's does: a priority victim that resumes
+        with its stale grant and no pages meets it (quirks.PRIORITY_VICTIM_KEEPS_ITS_GRANT).
+        From 0.14.0 (window_hits_skipped_at_admission) the walk starts inside the table,
+        since the window may now reach into tokens loaded from outside that have no
+        pages yet.
         """
         table = self.table(request_id)
+        if self.has("window_hits_skipped_at_admission"):
+            first_kept = min(first_kept, len(table))
         removed = []
-        for i in range(min(first_kept, len(table)) - 1, -1, -1):
+        for i in range(first_kept - 1, -1, -1):
             if table[i] is self.pool.null_block:
                 break
             removed.append(table[i])

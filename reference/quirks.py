@@ -25,6 +25,20 @@ PRIORITY_VICTIM_KEEPS_ITS_GRANT
     issue #49097).
     Code: scheduler.Scheduler._pick_victim, Scheduler._schedule_waiting.
 
+PRIORITY_VICTIM_INDEX_ERROR
+    A consequence of the first quirk for sliding-window and chunked-local groups.
+    The victim waits with its stale grant as ``num_computed_tokens`` and no
+    pages; when it is admitted again, the pages before the window of that count
+    are given back first, and the walk back from the window's first page indexes
+    the empty block table: the engine raises ``IndexError`` (a sliding window
+    once the stale grant reaches ``sliding_window - 1 + block_size`` tokens,
+    chunked local attention once it reaches the chunk size).  The reference
+    indexes its table the same way and raises at the same step.  Gone in 0.11.1
+    with the first quirk; from 0.14.0 (releases: window_hits_skipped_at_admission)
+    the walk is also capped to the table.  Bundled stream:
+    priority_victim_window_index_error (found by an unseen fuzz seed).
+    Code: group_managers.GroupManager.null_out_before.
+
 SKIPPED_WAITING_REQUESTS_REVERSED
     With chunked prefill off, waiting requests too long for the remaining budget
     are set aside and put back at the head afterwards; under fcfs, several set

@@ -162,7 +162,9 @@ CHANGES: tuple[RuleChange, ...] = (
         "pages stand in their place and the pages stay where they are in the free queue "
         "(0.11.0 took them and gave them back at the next step, to the tail).  Pages are "
         "counted per group with a floor of zero, and only the hit pages inside the window "
-        "count as taken from the free queue."),
+        "count as taken from the free queue.  Giving back the pages out of the window "
+        "walks only the pages the request holds (the window may reach into tokens "
+        "loaded from outside), where up to 0.13.0 it indexed past a short table."),
     RuleChange(
         "window_pages_freed_before_connector_finish", "0.14.0", "#30166",
         "Before the KV connector hears that a request finished (request_finished), the "

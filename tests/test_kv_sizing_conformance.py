@@ -258,3 +258,48 @@ def test_hybrid_model_is_sized_as_hybrid(vllm_engine, name):
         assert [g[:5] for g in row["groups"]] == [
             (s.kind, s.block_size, s.sliding_window, s.attention_chunk_size,
              s.num_speculative_blocks) for s in lay.scheduler_groups()]
+
+
+# --- a stream's pool: each engine sizes its own ----------------------------------------------
+
+def _memory_stream(memory: int):
+    from harness.stream import parse_stream
+    return parse_stream({"config": {"block_size": 16, "max_model_len": 64,
+                                    "max_num_batched_tokens": 64,
+                                    "kv_cache_memory_bytes": memory},
+                         "requests": [{"id": "a", "prompt": [1, 2, 3], "output": [4, 5]}]})
+
+
+def test_a_memory_too_small_is_refused_by_both_start_ups_alike():
+    """A memory one byte short of one max_model_len request (4 pages of Qwen2.5-0.5B) is a
+    valid stream: vLLM's start-up refuses it, and so does the reference's, at step 0."""
+    from harness.diff import first_divergence
+    from harness.engines import get_engine
+    from harness.runner import run
+    page = 24 * 512 * 16
+    stream = _memory_stream(4 * page - 1)
+    vllm = run(get_engine("vllm"), stream).to_json()
+    ref = run(get_engine("reference"), stream).to_json()
+    assert (vllm["verdict"], vllm["failure"]["step"]) == ("engine_failure", 0)
+    assert "ValueError" in vllm["failure"]["message"]
+    assert first_divergence(vllm, ref) is None
+    assert first_divergence(run(get_engine("vllm"), _memory_stream(4 * page)).to_json(),
+                            run(get_engine("reference"), _memory_stream(4 * page)).to_json()) \
+        is None
+
+
+def test_a_sizing_mutant_is_a_divergence_not_an_invalid_stream():
+    """The reference sizes its pool inside its own start-up, so a wrong rule of the cut
+    (here: a partial page counted) shows in the trace's pool, not in stream validation."""
+    from harness.diff import first_divergence
+    from harness.engines import get_engine
+    from harness.mutants.rules import MUTANTS
+    from harness.runner import run
+    (mutant,) = [m for m in MUTANTS if m.name == "pool_pages_rounded_up"]
+    stream = _memory_stream(10 * 24 * 512 * 16 + 5)
+    vllm = run(get_engine("vllm"), stream).to_json()
+    with mutant.patch():
+        ref = run(get_engine("reference"), stream).to_json()
+    found = first_divergence(vllm, ref)
+    assert found is not None and found.field == "kv_cache"
+    assert (found.left["num_blocks"], found.right["num_blocks"]) == (10, 11)

@@ -96,6 +96,7 @@ FIXTURE_SHOWS = {
                                                  "priority_victim_loses_its_grant_dropped"],
     "priority_preempt_max_priority": ["priority_victim_by_arrival_only"],
     "priority_victim_rejected_drafts_quirk": ["rejected_drafts_kept_by_victim"],
+    "priority_victim_window_index_error": ["window_walk_capped_to_table"],
     "prompt_logprobs_no_hit": ["prompt_logprobs_get_hits"],
     "reset_prefix_cache": ["reset_prefix_cache_always"],
     "resumed_recomputes_outputs": ["resumed_prompt_only"],

@@ -790,9 +790,6 @@ def test_pool_from_memory_is_what_start_up_makes_of_it():
 def test_pool_from_memory_rules():
     base = {k: v for k, v in SMALL.items() if k != "num_gpu_blocks"}
     data = {"config": {**base, "block_size": 16, "max_model_len": 64}, "requests": [req()]}
-    rejects({**data, "config": {**data["config"], "kv_cache_memory_bytes": 4 * PAGE_16 - 1}},
-            r"^config\.kv_cache_memory_bytes: too small for one max_model_len request "
-            r"\(786432 bytes needed; vLLM refuses to start\)")
     rejects({**data, "config": {**data["config"], "kv_cache_memory_bytes": 4 * PAGE_16,
                                 "num_gpu_blocks": 4}},
             r"^config\.num_gpu_blocks: not with kv_cache_memory_bytes")
@@ -803,6 +800,18 @@ def test_pool_from_memory_rules():
     rejects({**data, "config": {**data["config"], "kv_cache_memory_bytes": 8 * PAGE_16,
                                 "kv_cache_groups": [{"type": "full"}]}},
             r"^config\.kv_cache_memory_bytes: not with kv_cache_groups")
+
+
+def test_a_memory_too_small_for_one_request_is_left_to_the_engines_start_up():
+    """Whether the memory holds one max_model_len request is vLLM's start-up check, which
+    each engine applies with its own sizing (tests/test_kv_sizing_conformance.py runs
+    both); validation does not ask the reference's sizing."""
+    base = {k: v for k, v in SMALL.items() if k != "num_gpu_blocks"}
+    s = parse_stream({"config": {**base, "block_size": 16, "max_model_len": 64,
+                                 "kv_cache_memory_bytes": 4 * PAGE_16 - 1},
+                      "requests": [req()]})
+    assert s.config.kv_cache_memory_bytes == 4 * PAGE_16 - 1
+    assert s.config.num_gpu_blocks == 3  # an estimate for reading; the engines size their own
 
 
 def test_a_drawn_stream_is_held_to_every_cross_field_rule():

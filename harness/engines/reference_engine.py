@@ -5,6 +5,7 @@ Never imports vLLM.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 
 from reference import engine_core, events, kv_sizing, releases
@@ -126,8 +127,12 @@ class ReferenceEngine:
         refusal = self.config.start_up_refusal()
         if refusal is not None:
             raise ValidationError(refusal)
-        self.stream_config = stream.config
+        # A pool given as memory is the reference's own sizing of it, as the vLLM engines
+        # size theirs with vLLM's: a sizing rule the two disagree on shows as a divergence.
         self.layout = None if stream.config.kv_cache_memory_bytes is None else self.sized(stream)
+        if self.layout is not None:
+            self.config = dataclasses.replace(self.config, num_blocks=self.layout.num_blocks)
+        self.stream_config = stream.config
         self.lora_ids = lora_ids(stream)
         self.recorder = Recorder()
         self.script = ConnectorScript(stream) if stream.config.kv_role is not None else None

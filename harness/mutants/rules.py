@@ -176,6 +176,14 @@ def chunked_local_caching(s) -> bool:
     return chunked_local(s) and caching(s)
 
 
+def from_memory(s) -> bool:
+    return s.config.kv_cache_memory_bytes is not None
+
+
+def priority_windows(s) -> bool:
+    return priority(s) and (sliding(s) or chunked_local(s))
+
+
 def lora(s) -> bool:
     return s.config.max_loras is not None and any(r.lora is not None for r in s.requests)
 
@@ -389,6 +397,19 @@ def _keep_window_pages(self, request_id, num_computed_tokens):
 def _window_one_token_shorter(self, request_id, num_computed_tokens):
     self.null_out_before(request_id,
                          (num_computed_tokens - self.spec.sliding_window + 2) // self.block_size)
+
+
+_null_out_before = rgm.GroupManager.null_out_before
+
+
+@mutant("window_walk_capped_to_table", "up to 0.13.0 the walk back from the window's first "
+        "page indexes the block table as it is, so a table shorter than the window's skipped "
+        "pages (a priority victim's stale grant) raises IndexError", SINGLE_TYPE,
+        replaces=(rgm.GroupManager, "null_out_before"), quirk="PRIORITY_VICTIM_INDEX_ERROR",
+        applies=priority_windows)
+def _walk_inside_the_table(self, request_id, first_kept):
+    # 0.14.0's cap, on every release: the stale grant then frees nothing and the run goes on.
+    _null_out_before(self, request_id, min(first_kept, len(self.table(request_id))))
 
 
 register("chunk_hit_from_start", "a chunked-local hit starts at the chunk of the next token",
@@ -725,6 +746,20 @@ def _hidden_over_heads(cfg):
         MODEL_CONFIG, replaces=(rkvs, "config_dtype"), checked_by="kv sizing")
 def _newer_key_only(cfg):
     return cfg.get("dtype") or "bfloat16"
+
+
+# -- KV sizing of a stream's pool ---------------------------------------------------------------
+# Each engine cuts the pool of a stream given as kv_cache_memory_bytes at its own start-up
+# (harness.engines.reference_engine.ReferenceEngine.sized; the vLLM engines with vLLM's
+# sizing), so a rule of the cut shows as a divergence in every such stream.
+
+
+@mutant("pool_pages_rounded_up", "the pool is the whole pages the memory holds, rounded down",
+        KV_CACHE_UTILS, replaces=(rkvs, "num_blocks_for_budget"), applies=from_memory)
+def _partial_page_counted(shape, block_size, available_memory, num_gpu_blocks_override=None):
+    whole_pool_page = shape.page_size_bytes(block_size) * shape.num_layers
+    blocks = max(-(-available_memory // whole_pool_page), 0)
+    return rkvs.override_num_blocks(blocks, num_gpu_blocks_override)
 
 
 # -- KV sizing of hybrid models (reference/kv_sizing_hybrid.py) ------------------------------
