@@ -9,8 +9,11 @@ STAMP  := $(VENV)/.installed
 FUZZ_ENV   := .venvs/hypofuzz
 FUZZ_STAMP := $(FUZZ_ENV)/.installed
 FUZZ_ARGS  ?= tests/test_conformance.py
+# The newest vLLM release's overlay (see newest-env below); `make test` runs its findings in it.
+NEWEST_VLLM  := 0.34.0
+NEWEST_STAMP := .venvs/vllm-$(NEWEST_VLLM)/.newest-env
 
-.PHONY: install test test-fast conformance fuzz coverage mutants record bench fuzz-env dashboard bench-fuzzers upgrade-check gpu-check clean distclean
+.PHONY: install test test-fast conformance fuzz soak coverage mutants record bench fuzz-env newest-env dashboard bench-fuzzers upgrade-check gpu-check clean distclean
 
 install: $(STAMP)
 
@@ -23,7 +26,7 @@ $(STAMP): pyproject.toml constraints.txt
 # a module's tests that share an expensive fixture (marked xdist_group) on one worker.
 TEST_WORKERS ?= auto
 
-test: $(STAMP) $(FUZZ_STAMP)
+test: $(STAMP) $(FUZZ_STAMP) $(NEWEST_STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 8 --dist loadgroup
 
 # The developer's inner loop (about a minute on 2 cores): unit tests, the bundled streams on
@@ -37,6 +40,19 @@ conformance: $(STAMP)
 
 fuzz: $(STAMP)
 	$(PY) -m harness fuzz --examples 2000
+
+# Nightly: campaigns from seeds nobody has run.  Each property's campaign draws a fresh seed
+# and prints it first (CI's campaigns keep their fixed seeds); a divergence's shrunk stream is
+# kept as counterexamples/soak-<property>.json.  About 15 minutes on 2 cores as set here.
+SOAK_EXAMPLES ?= 5000
+SOAK_PROPERTIES ?= whole_space hybrid_groups window_hits draft_windows priority_victims priority_victim_windows \
+	priority_victim_drafts connector_sends connector_idles async_scheduling pipeline_parallel \
+	spec_decode
+soak: $(STAMP)
+	@status=0; for p in $(SOAK_PROPERTIES); do \
+	  $(PY) -m harness fuzz --property $$p --examples $(SOAK_EXAMPLES) \
+	    || { status=1; cp counterexamples/fuzz.json counterexamples/soak-$$p.json 2>/dev/null; }; \
+	done; exit $$status
 
 # What a 1,000-stream campaign executes of vLLM's v1/core, per file.
 coverage: $(STAMP)
@@ -70,6 +86,14 @@ $(FUZZ_STAMP): $(STAMP) constraints-hypofuzz.txt
 	touch $(FUZZ_STAMP)
 
 fuzz-env: $(FUZZ_STAMP)
+
+# The newest release's side environment (harness/sideenv.py, about a minute): the short
+# reproductions of docs/findings/newest/ run in it (tests/test_findings.py).
+$(NEWEST_STAMP): $(STAMP)
+	$(PY) -m harness.sideenv $(NEWEST_VLLM) >/dev/null
+	touch $(NEWEST_STAMP)
+
+newest-env: $(NEWEST_STAMP)
 
 # Every conformance property (or FUZZ_ARGS="tests/test_conformance.py -k window_hits"), on every
 # core, until stopped; dashboard at http://localhost:9999.  Failures land in .hypothesis/, where

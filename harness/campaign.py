@@ -265,8 +265,15 @@ def fuzz(examples: int | None = None, seed: int | None = None, profile: str | No
          as_json: bool = False, engines: list[str] | None = None, workers: int = 1,
          ray: str | None = None, chunk_streams: int = CHUNK_STREAMS,
          prop: str = "whole_space") -> int:
-    """The ``fuzz`` command: 0 clean, 1 a divergence or a lost chunk, 130 interrupted."""
+    """The ``fuzz`` command: 0 clean, 1 a divergence or a lost chunk, 130 interrupted.
+
+    A seed it draws is printed first, so that a campaign killed before its summary (a
+    nightly job's time limit) can still be run again."""
     import json
+    if seed is None:
+        seed = random.SystemRandom().randrange(2**32)
+        print(f"fuzz {prop}: drawn seed {seed} (--seed {seed} runs this campaign again)",
+              file=sys.stderr, flush=True)
     r = run_campaign(examples, seed, profile, tuple(engines or ["vllm"]), workers, ray,
                      chunk_streams, prop)
     if as_json:

@@ -78,3 +78,18 @@ def test_interrupt_while_shrinking_keeps_the_counterexample(tmp_path):
     kept = tmp_path / "counterexamples" / "fuzz.json"
     stream = load_stream(kept)  # a whole, valid stream: written atomically
     assert stream.requests and json.loads(kept.read_text())["config"]
+
+
+def test_a_drawn_seed_is_printed_before_the_campaign_runs(tmp_path):
+    """``make soak`` draws a new seed each night: the seed is on stderr before any stream
+    is checked, so a run killed by a job's time limit can still be run again."""
+    import re
+    proc = start_fuzz(tmp_path, "--examples", "100000", "--json")
+    wait_for(tmp_path, proc, "drawn seed")
+    printed = re.search(r"drawn seed (\d+) \(--seed \1 runs",
+                        (tmp_path / "stderr").read_text())
+    assert printed is not None
+    wait_for(tmp_path, proc, "0/100000 streams")
+    stop_and_time(proc, signal.SIGINT)
+    assert proc.returncode == 130
+    assert json.loads((tmp_path / "stdout").read_text())["seed"] == int(printed.group(1))
