@@ -124,7 +124,9 @@ def test_router_example_flags_a_hit_on_a_page_never_announced():
 #   placeholder for the reader's own files).  A command in none of them fails
 #   test_every_doc_block_is_known: add it to one, with its reason;
 # * output: a plain block that is not commands (shown results; the trace
-#   format's step lines are compared with the reference's run below).
+#   format's step lines are compared with the reference's run below);
+# * ```diff: a suggested patch to vLLM (docs/findings.md), applied to vLLM 0.34.0's
+#   files by tests/test_findings.py, which runs the finding's reproduction on them.
 #
 # The commands run here take about ten seconds in all.
 # ===========================================================================
@@ -174,6 +176,11 @@ NOT_RUN = [
     (r"harness check mc/",
      "needs the folder the import before it writes, and vLLM on 30 streams (about 40 s); "
      "such windows are checked by the real_workloads property"),
+    (r"docs/findings/",
+     "a vLLM finding's reproduction (half a minute; the newest ones in vLLM 0.34.0's overlay, "
+     "make newest-env): run by tests/test_findings.py, which checks the output line shown"),
+    (r"^echo \$\?$",
+     "shows the exit status of the command above it (a finding's reproduction)"),
     (r"harness (import|workload)",
      "the synopsis, or docs/workloads.md's example: rerun into a temporary folder and its "
      "output compared with the page by tests/test_workloads.py::test_docs_example_is_real"),
@@ -253,7 +260,7 @@ def test_every_doc_block_is_known():
                 if command not in RUN and command not in AS_REFERENCE and not _not_run_reason(command):
                     unknown.append(f"{where}: command {command!r}: add it to RUN, AS_REFERENCE "
                                    "or NOT_RUN (with the reason) in tests/test_docs_examples.py")
-        elif kind not in ("json", "jsonl", "python", "output"):
+        elif kind not in ("json", "jsonl", "python", "output", "diff"):
             unknown.append(f"{where}: a ```{kind} block: say how it is checked")
     assert unknown == []
 

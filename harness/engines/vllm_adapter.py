@@ -510,8 +510,8 @@ def finish_in_arrival_order(sched):
     The scheduler's update fails the requests of a step's errors (from 0.31.0 an encoder
     output of another length; a grammar that did not compile, a failed load) in one call
     with a set of their ids, and ``finish_requests`` frees them in the set's iteration
-    order, which follows the per-process string hash (docs/findings.md, "Requests failed
-    together are finished in PYTHONHASHSEED order").  Any order is one that vLLM shows
+    order, which follows the per-process string hash (docs/findings.md, "Requests finished
+    together are freed in PYTHONHASHSEED order").  Any order is one that vLLM shows
     under some hash seed; the harness fixes the requests' arrival order so that runs
     repeat, and the reference states that order.  One id, or none (every request), goes
     through unchanged.

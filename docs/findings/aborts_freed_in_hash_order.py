@@ -1,27 +1,25 @@
-"""vLLM v1 (0.31.0 and later): requests failed in the same step are finished in an order
-that depends on PYTHONHASHSEED.
+"""vLLM v1 (0.11.0 and later): requests finished together by one
+``Scheduler.finish_requests`` call are freed in an order that depends on PYTHONHASHSEED.
 
-From 0.31.0 a request whose image comes with another number of embeddings than the
-encoder cache holds for its identifier is marked (``encoder_cache_mismatch_reqs``, a
-set) while the step is scheduled, and Scheduler.update_from_output finishes the step's
-failed requests with ``finish_requests(error_req_ids, FINISHED_ERROR)``, where
-``error_req_ids`` is a ``set[str]`` and finish_requests makes a set of it again.  Their
-pages are freed, and the KV connector told, in the set's iteration order, which follows
-the strings' salted hashes (PYTHONHASHSEED, random per process by default).  So which
-pages join the free queue first, and so which page ids later requests get, changes
-from one run to the next.
+``finish_requests`` makes a ``set`` of the ids it is given and frees each request (its
+pages to the free queue, the KV connector's ``request_finished``) in the set's iteration
+order, which follows the strings' salted hashes (PYTHONHASHSEED, random per process by
+default).  EngineCore.abort_requests hands it a list: the requests whose stop strings
+the detokenizer found in the same step, the requests a client abort names (a parallel
+sampling request's children), and from 0.31.0 ``update_from_output`` hands it the step's
+failed requests too.  Which pages join the free queue first, and so which cached
+prefixes a later request evicts, changes from one run to the next.
 
-The scenario: a and b (8-token prompts) are scheduled and hold two pages each; both are
-then marked as the encoder-length check marks them (the check itself needs a multimodal
-model; the harness's stream ``requests_failed_together_in_hash_order.json`` reaches it
-with real image inputs), and the step's outputs are applied.  It is run in two
-processes whose hash seeds order the set {"a", "b"} differently, and the order in which
-their pages are freed is compared.
+The scenario: a and b (8-token prompts, two pages each, the whole pool) run one step and
+are aborted by one call; then c (8 tokens) takes two pages, evicting the cached pages
+freed first; then a's prompt comes again and hits either 4 tokens or none.  It is run in
+two processes whose hash seeds order the set {"a", "b"} differently.  This is the
+multi-release form (its shims pass each release only the arguments it takes); the
+0.34.0 form without shims is ``docs/findings/newest/aborts_freed_in_hash_order.py``.
 
 Standalone: vLLM's own classes only, offline (a Qwen2.5-0.5B config.json is written to a
 temp dir; no weights, no tokenizer, no GPU).  Exit 1 and ``DEFECT: ...`` when the two
-processes differ, exit 0 and ``OK: ...`` when they agree (and on releases before 0.31.0,
-which fail no request there).
+processes differ, exit 0 and ``OK: ...`` when they agree.
 """
 import inspect
 import json
@@ -31,7 +29,6 @@ import sys
 import tempfile
 
 FIXED_IN = None  # first release where it does not show (None: not fixed)
-SINCE = "0.31.0"  # first release where it shows
 
 
 def main() -> int:
@@ -58,15 +55,12 @@ def main() -> int:
             return 2
         results.append(json.loads(lines[-1]))
     version = results[0]["version"]
-    if not results[0]["marks_failures"]:
-        print(f"OK: vLLM {version}: no encoder-length failures before 0.31.0")
-        return 0
-    runs = "; ".join(f"PYTHONHASHSEED={seed}: pages freed {r['freed']}"
-                     for seed, r in zip(orders.values(), results))
-    if results[0]["freed"] != results[1]["freed"]:
-        print(f"DEFECT: vLLM {version}: a and b failed together; {runs}")
+    runs = "; ".join(f"PYTHONHASHSEED={seed}: c got pages {r['c_pages']}, a's prompt again "
+                     f"hits {r['hit']} tokens" for seed, r in zip(orders.values(), results))
+    if results[0] != results[1]:
+        print(f"DEFECT: vLLM {version}: a and b aborted together; {runs}")
         return 1
-    print(f"OK: vLLM {version}: the same order under both seeds ({runs})")
+    print(f"OK: vLLM {version}: the same pages and hits under both seeds ({runs})")
     return 0
 
 
@@ -83,12 +77,18 @@ import vllm  # noqa: E402
 from vllm.config import (CacheConfig, DeviceConfig, ModelConfig,  # noqa: E402
                          SchedulerConfig, VllmConfig)
 from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,  # noqa: E402
                                         KVCacheGroupSpec)
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
-from vllm.v1.request import Request  # noqa: E402
+from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+try:
+    from vllm.utils import sha256
+except ImportError:  # 0.11.1 and later
+    from vllm.utils.hashing import sha256
 
 
 # --- version shims: keep only the arguments this release takes -----------------------
@@ -128,52 +128,40 @@ mc = model_config(32)
 sc = SchedulerConfig(**accepted(SchedulerConfig, max_num_seqs=4, max_num_batched_tokens=32,
                                 max_model_len=32, enable_chunked_prefill=True,
                                 is_encoder_decoder=False))
-cc = CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=False)
-cc.num_gpu_blocks = 9  # the null page and 8 pages
+cc = CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=True)
+cc.num_gpu_blocks = 5  # the null page and 4 pages
 vc = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc,
                 device_config=DeviceConfig("cpu"))
 spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=2, head_size=64,
                          dtype=torch.bfloat16)
-kv_cache_config = KVCacheConfig(num_blocks=9, kv_cache_tensors=[],
+kv_cache_config = KVCacheConfig(num_blocks=5, kv_cache_tensors=[],
                                 kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)])
 scheduler = Scheduler(**accepted(
     Scheduler.__init__, vllm_config=vc, kv_cache_config=kv_cache_config, log_stats=False,
     structured_output_manager=StructuredOutputManager(vc), block_size=BLOCK_SIZE,
     hash_block_size=BLOCK_SIZE))
-marks_failures = hasattr(scheduler, "encoder_cache_mismatch_reqs")
+init_none_hash(sha256)
+hasher = get_request_block_hasher(BLOCK_SIZE, sha256)
 
 
 def request(rid, prompt):
     return Request(**accepted(
         Request.__init__, request_id=rid, prompt_token_ids=prompt,
         sampling_params=SamplingParams(max_tokens=4, ignore_eos=True), pooling_params=None,
-        eos_token_id=None))
+        eos_token_id=None, block_hasher=hasher))
 
 
-pool = scheduler.kv_cache_manager.block_pool
-freed = []
-real_free_blocks = pool.free_blocks
-
-
-def free_blocks(blocks):
-    blocks = list(blocks)
-    freed.extend(b.block_id for b in blocks)
-    return real_free_blocks(blocks)
-
-
-pool.free_blocks = free_blocks
-
-# Step 0: a and b compute their prompts and hold two pages each.
+# Step 0: a and b compute their prompts and hold two pages each (the whole pool).
 scheduler.add_request(request("a", [1, 2, 3, 4, 5, 6, 7, 8]))
 scheduler.add_request(request("b", [11, 12, 13, 14, 15, 16, 17, 18]))
 out = scheduler.schedule()
 scheduler.update_from_output(out, runner_output({"a": [9], "b": [19]}))
-# Step 1: both are scheduled again, and both fail the encoder-length check, which marks
-# them (in a set) as it does for an image whose embeddings differ from the cached ones.
-out = scheduler.schedule()
-if marks_failures:
-    scheduler.encoder_cache_mismatch_reqs.add("a")
-    scheduler.encoder_cache_mismatch_reqs.add("b")
-scheduler.update_from_output(out, runner_output({"a": [10], "b": [20]}))
-print(json.dumps({"version": vllm.__version__, "marks_failures": marks_failures,
-                  "freed": freed}))
+# Both are aborted by one call, as EngineCore.abort_requests makes it.
+scheduler.finish_requests(["a", "b"], RequestStatus.FINISHED_ABORTED)
+# c needs two pages: the cached pages freed first.
+scheduler.add_request(request("c", [21, 22, 23, 24, 25, 26, 27, 28]))
+c_pages = list(scheduler.schedule().scheduled_new_reqs[0].block_ids[0])
+# a's prompt again: what does it hit?
+scheduler.add_request(request("a2", [1, 2, 3, 4, 5, 6, 7, 8]))
+hit = scheduler.schedule().scheduled_new_reqs[0].num_computed_tokens
+print(json.dumps({"version": vllm.__version__, "c_pages": c_pages, "hit": hit}))
