@@ -163,7 +163,7 @@ NOT_RUN = [
      "the test suite itself (1 to 18 minutes)"),
     (r"^make conformance$",
      "the main job: vLLM on every bundled stream and a campaign (minutes)"),
-    (r"^make (fuzz|coverage|dashboard)$|harness fuzz|^ray start",
+    (r"^make (fuzz|soak|coverage|dashboard)$|harness fuzz|^ray start",
      "a campaign of minutes to hours, a Ray cluster, or a dashboard that runs until stopped"),
     (r"harness profile",
      "50 streams per family of rules through the engine and the reference (about 3 minutes)"),
