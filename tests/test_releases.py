@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 import json
 
 import pytest
 
 from harness.mutants import REFERENCE_MUTANTS
 from harness.mutants.hunt import hunt
+from harness.paths import ROOT
 from reference import releases
 
 
@@ -142,3 +144,56 @@ def test_window_cap_on_every_allocation_fails_the_engine_in_0_20_0_and_0_20_1():
         assert failed.failure["message"].startswith("ValueError")
     fixed = run(get_engine("reference", release="0.20.2"), stream)
     assert fixed.verdict == "completed" and fixed.steps[7]["preempted"] == ["r1"]
+
+
+# -- every ask names a change, and every change is asked ------------------------------------
+
+#: Where the reference asks which rules hold: its modules, and the engine that drives it.
+ASKING = sorted((ROOT / "reference").glob("*.py")) + [
+    ROOT / "harness" / "engines" / "reference_engine.py"]
+
+
+def rule_asks(paths) -> list[tuple[str, object, bool]]:
+    """Every ``has(...)`` or ``.has(...)`` call in ``paths``: where it is, its argument
+    (the value of a string literal, else its source) and whether it is a literal."""
+    found = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and len(node.args) == 1):
+                continue
+            f = node.func
+            if (f.id if isinstance(f, ast.Name) else getattr(f, "attr", None)) != "has":
+                continue
+            arg = node.args[0]
+            literal = isinstance(arg, ast.Constant) and isinstance(arg.value, str)
+            found.append((f"{path.name}:{node.lineno}",
+                          arg.value if literal else ast.unparse(arg), literal))
+    return found
+
+
+def unknown_asks(paths) -> list[str]:
+    names = {c.name for c in releases.CHANGES}
+    return [f"{where}: has({value!r})" + ("" if literal else ": not a string literal")
+            for where, value, literal in rule_asks(paths) if not literal or value not in names]
+
+
+def test_every_rule_ask_names_a_change():
+    """A misspelt ask would silently state 0.11.0's rule (``Config.has`` answers False for
+    a name that is no change): every ask is a string literal naming a change."""
+    bad = unknown_asks(ASKING)
+    assert not bad, "asks that name no rule change:\n" + "\n".join(bad)
+
+
+def test_every_change_is_asked_somewhere():
+    asked = {value for _, value, literal in rule_asks(ASKING) if literal}
+    unasked = [c.name for c in releases.CHANGES if c.name not in asked]
+    assert not unasked, f"rule changes nothing asks: {unasked}"
+
+
+def test_a_misspelt_ask_is_caught(tmp_path):
+    module = tmp_path / "misspelt.py"
+    module.write_text("def rule(config, name):\n"
+                      "    return config.has('window_hits_skiped_at_admission') or has(name)\n")
+    assert unknown_asks([module]) == [
+        "misspelt.py:2: has('window_hits_skiped_at_admission')",
+        "misspelt.py:2: has('name'): not a string literal"]
