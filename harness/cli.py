@@ -371,6 +371,31 @@ def _workers(ns) -> int:
     return ns.workers or default_workers()
 
 
+def cmd_releases(ns) -> int:
+    from harness import render
+    from reference.releases import RELEASES
+    for release in [ns.version] if ns.diff is None else ns.diff:
+        if release is not None and release not in RELEASES:
+            raise UsageError(f"{release}: the reference describes {RELEASES[0]} to "
+                             f"{RELEASES[-1]} (reference/releases.py RELEASES)")
+    if ns.action == "pages":
+        out = output_folder(ns.output) if ns.output else render.PAGES_DIR
+        print(f"wrote {render.write_pages(out)} files into {out}")
+        return 0
+    if ns.diff is not None:
+        for h in render.attributed_diff(*ns.diff):
+            print(f"# {h.module}: " + (", ".join(f"{c.name} ({c.since}, {c.pr or 'no PR'})"
+                                                for c in h.changes) or "no rule change"))
+            print(h.text, end="")
+        return 0
+    if ns.version is None:
+        raise UsageError("releases render: say which release (VERSION), or --diff A B")
+    out = output_folder(ns.output or str(render.PAGES_DIR / ns.version))
+    written = render.write(ns.version, out)
+    print(f"wrote the rules of vLLM {ns.version}: {len(written)} modules into {out}")
+    return 0
+
+
 def cmd_changelog(ns) -> int:
     from harness.changelog import main as changelog_main
     return changelog_main()
@@ -720,6 +745,17 @@ def build_parser() -> argparse.ArgumentParser:
                        help="processes checking chunks of the campaign at once (default: every "
                             "core); the same seed gives the same report whatever the number")
         u.set_defaults(func=func)
+
+    rl = sub.add_parser("releases", help="the rules of one vLLM release as plain code "
+                                          "(render), or docs/releases/ afresh (pages)")
+    rl.add_argument("action", choices=("render", "pages"))
+    rl.add_argument("version", nargs="?", default=None,
+                    help="render: the release (default folder docs/releases/VERSION/)")
+    rl.add_argument("--diff", nargs=2, metavar=("FROM", "TO"), default=None,
+                    help="render: print the diff of two releases' rules, each hunk labelled "
+                         "with the rule changes behind it")
+    rl.add_argument("-o", "--output", default=None, help="the folder to write into")
+    rl.set_defaults(func=cmd_releases)
 
     cl = sub.add_parser("changelog", help="write docs/upgrades/changelog.md: vLLM's scheduling "
                                           "rules release by release, from reference/releases.py")

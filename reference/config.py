@@ -63,6 +63,37 @@ class Config:
                     f"greater than max_model_len ({self.max_model_len})")
         return None
 
+    # -- rules of the engine around the scheduler ------------------------------------------
+    # Start-up, the worker, the metrics and the engine loop: the harness's reference
+    # engine asks these, so that every rule ask lives in the reference.
+
+    def start_up_holds_back_null_page(self) -> bool:
+        """From 0.29.0 (startup_check_holds_back_null_page) the start-up check plans
+        without the page of every layer the block pool keeps back as the null page
+        (vllm/v1/core/kv_cache_utils.py)."""
+        return self.has("startup_check_holds_back_null_page")
+
+    def mm_keys_carry_the_offset(self) -> bool:
+        """From 0.19.0 (mm_hash_keys_carry_the_offset) a block's multimodal key names each
+        item with its offset (vllm/v1/core/kv_cache_utils.py)."""
+        return self.has("mm_hash_keys_carry_the_offset")
+
+    def prefix_stats_split_preempted(self) -> bool:
+        """From 0.14.0 (prefix_stats_split_preempted) the prefix-cache stats count the
+        lookups of preempted requests apart (vllm/v1/metrics/stats.py)."""
+        return self.has("prefix_stats_split_preempted")
+
+    def kv_tensor_layout(self) -> tuple[bool, bool]:
+        """The worker's KV tensor: whether pages come first (kv_pages_first_in_tensor) and
+        whether K and V are packed in the last dimension (kv_packed_in_last_dim)
+        (vllm/v1/attention/backends/flash_attn.py)."""
+        return self.has("kv_pages_first_in_tensor"), self.has("kv_packed_in_last_dim")
+
+    def batch_queue_fills_before_applying(self) -> bool:
+        """From 0.23.0 (batch_queue_fills_before_applying) EngineCore applies the oldest
+        batch only once its queue is full or nothing is left (vllm/v1/engine/core.py)."""
+        return self.has("batch_queue_fills_before_applying")
+
     @property
     def groups(self) -> tuple[KVCacheSpec, ...]:
         return self.kv_cache_groups or (full(self.block_size),)

@@ -19,8 +19,9 @@ LAYERS: list[tuple[str, ...]] = [
     # foundations: files and atomic writes, the mutant record, named divergences, counters,
     # hypothesis profiles
     ("paths", "patches", "stats", "profiles", "text", "engines.findings"),
-    # side environments of other vLLM releases (no vLLM import); the sites of rules a run goes through
-    ("sideenv", "decided"),
+    # side environments of other vLLM releases (no vLLM import); the sites of rules a run
+    # goes through; the reference rendered for one release
+    ("sideenv", "decided", "render"),
     # the input format; the reference's mutants (they patch only the reference)
     ("stream", "mutants.rules"),
     # the engine interface, kept streams, vLLM's environment, engines plugged in by name

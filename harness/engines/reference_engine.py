@@ -151,7 +151,7 @@ class ReferenceEngine:
         as vLLM's start-up refuses it, with a ValueError."""
         try:
             return kv_cache_layout(stream.config,
-                                   self.config.has("startup_check_holds_back_null_page"))
+                                   self.config.start_up_holds_back_null_page())
         except kv_sizing.NotEnoughKVCacheMemory as exc:
             raise ValueError(str(exc)) from None
 
@@ -174,7 +174,7 @@ class ReferenceEngine:
             else Grammar(frozenset(spec.structured_output.rejected_tokens)),
             encoder_inputs=tuple(EncoderInput(m.offset, m.length, m.hash) for m in spec.mm_inputs),
             pooling=spec.pooling, hash_block_size=c.block_size if c.enable_prefix_caching else None,
-            mm_keys_with_offset=bool(spec.mm_inputs) and c.has("mm_hash_keys_carry_the_offset"))
+            mm_keys_with_offset=bool(spec.mm_inputs) and c.mm_keys_carry_the_offset())
         self.requests[spec.id] = req
         self.rows[spec.id] = arrival_index
         self.sched.add_request(req)
@@ -220,7 +220,7 @@ class ReferenceEngine:
         s = self._stats
         return stats_record(s.num_running_reqs, s.num_waiting_reqs, s.kv_cache_usage,
                             s.prefix_cache, s.spec_decoding,
-                            preempted_apart=self.config.has("prefix_stats_split_preempted"),
+                            preempted_apart=self.config.prefix_stats_split_preempted(),
                             num_set_aside=s.num_set_aside)
 
     def kv_events(self) -> list[dict]:
@@ -244,17 +244,17 @@ class ReferenceEngine:
         if layout is None:
             return None
         shape, size = layout.shape, layout.block_size
+        pages_first, kv_in_last_dim = self.config.kv_tensor_layout()
         return kv_cache_header(layout.num_blocks, size, shape.num_layers,
                                shape.page_size_bytes(size),
                                kv_sizing.flash_attention_shape(
                                    layout.num_blocks, size, shape.num_kv_heads, shape.head_size,
-                                   pages_first=self.config.has("kv_pages_first_in_tensor"),
-                                   kv_in_last_dim=self.config.has("kv_packed_in_last_dim")))
+                                   pages_first=pages_first, kv_in_last_dim=kv_in_last_dim))
 
     def applies_oldest_now(self, in_flight: int, runs_work: bool, worker_done: bool) -> bool:
         size = engine_core.batch_queue_size(self.config.async_scheduling,
                                             self.config.pipeline_parallel_size)
-        if self.config.has("batch_queue_fills_before_applying"):
+        if self.config.batch_queue_fills_before_applying():
             return engine_core.applies_oldest_when_full(in_flight, size, runs_work,
                                                         self.has_requests())
         return engine_core.applies_oldest_now(in_flight, size, runs_work, worker_done)
