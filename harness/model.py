@@ -14,7 +14,7 @@ grant reaches them too, and it emits ``output[n + p]``.
 
 from __future__ import annotations
 
-from harness.engines.base import Scheduled
+from harness.steps import Scheduled
 from harness.stream import RequestSpec
 
 

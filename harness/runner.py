@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness import counterexamples, model
-from harness.engines.base import Engine, TransferReports, nothing_scheduled
+from harness.steps import Engine, TransferReports, nothing_scheduled
 from harness.paths import write_atomic
 from harness.stream import Stream
 from harness.trace import ENGINE_FAILURE, Trace, optional_fields, step_record

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.engines.base import RequestState, Scheduled
+from harness.steps import RequestState, Scheduled
 from harness.stream import Stream, canonical_json
 
 COMPLETED = "completed"
@@ -108,7 +108,7 @@ def step_record(step: int, s: Scheduled, emitted: dict[str, list[int]],
                 kv_connector: dict[str, Any] | None = None,
                 updated: int | None = None) -> dict[str, Any]:
     """One step of a trace, as plain JSON-able data (``optional``: see optional_fields;
-    ``stats`` and ``kv_events``: see harness.engines.base.Engine.stats and .kv_events;
+    ``stats`` and ``kv_events``: see harness.steps.Engine.stats and .kv_events;
     ``kv_connector``: the connector's calls and the worker's transfer report;
     ``updated``: async scheduling, the step whose batch's output this step applied)."""
     record = {

@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     # the input format; the reference's mutants (they patch only the reference)
     ("stream", "mutants.rules"),
     # the engine interface, kept streams, vLLM's environment, engines plugged in by name
-    ("engines.base", "counterexamples", "engines.vllm_env", "engines.plugin"),
+    ("steps", "counterexamples", "engines.vllm_env", "engines.plugin"),
     # the scripted model, traces, the reference engine, vLLM's moved API, the scripted
     # KV connector inside vLLM, an engine in another process
     ("model", "trace", "engines.reference_engine", "engines.vllm_compat",
@@ -89,14 +89,18 @@ def imports(path: Path) -> list[str]:
 
 
 def harness_imports(path: Path) -> set[str]:
-    """The harness modules ``path`` imports (``from harness.x import y`` counts y if it is one)."""
+    """The harness modules ``path`` imports (``from harness.x import y`` counts y if it is
+    one).  Importing a module of a package runs the package's ``__init__`` first, so
+    ``harness.engines.plugin`` counts ``harness.engines`` too."""
     own = module_name(path)
     found = set()
     for name in imports(path):
         if name.startswith("harness."):
-            short = name.removeprefix("harness.")
-            if short in MODULES and short != own:
-                found.add(short)
+            parts = name.removeprefix("harness.").split(".")
+            for i in range(1, len(parts) + 1):
+                short = ".".join(parts[:i])
+                if short in MODULES and short != own and not own.startswith(short + "."):
+                    found.add(short)
     return found
 
 

@@ -103,7 +103,7 @@ def test_a_step_loop_that_reports_transfers_late_is_caught(core_engine, monkeypa
     """The executor's transfer reports are compared with the step loop's: an executor
     that reports every transfer a step late is stopped at the first report."""
     import harness.engines.vllm_core as vllm_core
-    from harness.engines.base import TransferReports
+    from harness.steps import TransferReports
 
     class Late(TransferReports):
         def due(self, step):

@@ -30,7 +30,7 @@ import sys
 from dataclasses import asdict, fields
 from typing import IO, Any
 
-from harness.engines.base import RequestState, Scheduled
+from harness.steps import RequestState, Scheduled
 from harness.engines.plugin import CORE, FEATURES, Plugged
 from harness.stream import Stream, parse_stream
 

@@ -1,11 +1,11 @@
 """Engines from outside the harness, plugged in by name: ``--engine module:Class``.
 
 A plug-in is a class, importable from the current folder or the import path, whose
-instances implement the engine interface of :mod:`harness.engines.base`; it is
+instances implement the engine interface of :mod:`harness.steps`; it is
 built once per process with no arguments and reset by ``start(stream)`` for every
 stream, as the harness's own engines are.  ``schedule()`` returns a
-:class:`~harness.engines.base.Scheduled`, ``state(req_id)`` a
-:class:`~harness.engines.base.RequestState` (docs/engine-interface.md).
+:class:`~harness.steps.Scheduled`, ``state(req_id)`` a
+:class:`~harness.steps.RequestState` (docs/engine-interface.md).
 
 Seven methods make an engine (:data:`CORE`).  Every other method belongs to a
 feature of the stream format; an engine without it does not take the streams

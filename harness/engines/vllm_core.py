@@ -80,7 +80,7 @@ from vllm.v1.outputs import DraftTokenIds  # noqa: E402
 
 from harness import model  # noqa: E402
 from harness.engines import vllm_compat as compat  # noqa: E402
-from harness.engines.base import Scheduled, TransferReports, nothing_scheduled  # noqa: E402
+from harness.steps import Scheduled, TransferReports, nothing_scheduled  # noqa: E402
 from harness.engines.vllm_adapter import (VllmEngine, build_vllm_config,  # noqa: E402
                                           kv_cache_config, layer_specs, mm_features, pooling_params,
                                           sampling_params, scheduler_stats)

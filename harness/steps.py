@@ -1,4 +1,7 @@
-"""The engine interface: what the step loop needs from vLLM and from the reference.
+"""The step vocabulary: what one step of a run is, and the engine interface that makes it.
+
+It sits below the scripted model, the trace and the step loop, which use its records,
+and below ``harness/engines/``, whose engines make them (only the engines touch vLLM).
 
 Both engines turn one ``schedule()`` call into a :class:`Scheduled` record with
 plain Python values (no vLLM types), so the step loop, the scripted model and
