@@ -10,6 +10,7 @@ ethereum/execution-specs, whose forks are whole readable packages:
 * statements after a ``return`` or ``raise`` that folding left unconditional go;
 * the plumbing that carries the answers (``Config.has``, ``has=`` parameters and
   arguments, ``HasRule``) goes, and so does ``releases.py`` itself;
+* a function the reference calls only from another release's rules goes too;
 * docstrings, comments and layout stay: libcst edits the concrete syntax tree.
 
 Folding assumes what the reference's style promises: an ask comes after the cheap,
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,8 +59,7 @@ def _modules(source_dir: Path) -> tuple[tuple[str, cst.Module, frozenset[str]], 
     return tuple(out)
 
 
-def render_rules(rules: frozenset[str], source_dir: Path = REFERENCE_DIR) -> dict[str, str]:
-    """Every module of the reference with its asks answered from ``rules``."""
+def _answered(rules: frozenset[str], source_dir: Path) -> dict[str, str]:
     return {name: _render_cached(name, tree, rules & asked)
             for name, tree, asked in _modules(source_dir)}
 
@@ -72,6 +73,91 @@ def _render_cached(name: str, tree: cst.Module, rules: frozenset[str]) -> str:
 def render(release: str, source_dir: Path = REFERENCE_DIR) -> dict[str, str]:
     """Every module of the reference rendered for ``release``: file name -> source."""
     return render_rules(releases.rules_of(release), source_dir)
+
+
+@functools.lru_cache(maxsize=256)
+def render_rules(rules: frozenset[str], source_dir: Path = REFERENCE_DIR) -> dict[str, str]:
+    """Every module of the reference with its asks answered from ``rules``, without the
+    functions only other releases' rules call."""
+    files = _answered(rules, source_dir)
+    return _without_dead_functions(files, _names_used_outside(source_dir),
+                                   _words_of_the_reference(source_dir))
+
+
+# -- functions no rule of the release calls ------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def _names_used_outside(source_dir: Path) -> frozenset[str]:
+    """Every name the harness's own modules (the engines, the tests' tools) use: a
+    function they call stays even where the release's rules never do."""
+    words: set[str] = set()
+    for path in (ROOT / "harness").rglob("*.py"):
+        if "mutants" not in path.parts and path.name != "render.py":
+            words.update(re.findall(r"\w+", path.read_text()))
+    return frozenset(words)
+
+
+@functools.lru_cache(maxsize=None)
+def _words_of_the_reference(source_dir: Path) -> dict[str, int]:
+    return _word_counts(path.read_text() for path in sorted(source_dir.glob("*.py"))
+                        if path.name not in NOT_RENDERED)
+
+
+def _word_counts(texts) -> dict[str, int]:
+    """How many times each word appears in the texts."""
+    counts: dict[str, int] = {}
+    for text in texts:
+        for w in re.findall(r"\w+", text):
+            counts[w] = counts.get(w, 0) + 1
+    return counts
+
+
+def _without_dead_functions(files: dict[str, str], outside: frozenset[str],
+                            before: dict[str, int]) -> dict[str, str]:
+    """Drop the functions and methods that answering the asks left uncalled: named
+    somewhere besides their definition in the reference (``before``), and now nowhere
+    in the tree nor in the harness.  A function the reference itself never calls (a
+    helper for tests and tools) stays.  Repeated until none is left, since one dropped
+    can leave another uncalled."""
+    texts = dict(files)
+    while True:
+        defined: dict[str, int] = {}
+        for text in texts.values():
+            for fn in _DEF.findall(text):
+                defined[fn] = defined.get(fn, 0) + 1
+        words = _word_counts(texts.values())
+        dead = {fn for fn, n in defined.items()
+                if not fn.startswith("__") and words.get(fn, 0) <= n
+                and before.get(fn, 0) > n and fn not in outside}
+        if not dead:
+            return texts
+        for name, text in texts.items():  # parse only the modules that define one
+            mine = frozenset(dead & set(_DEF.findall(text)))
+            if mine:
+                texts[name] = _drop_functions(text, mine)
+
+
+@functools.lru_cache(maxsize=1024)
+def _drop_functions(text: str, dead: frozenset[str]) -> str:
+    return cst.parse_module(text).visit(_DropFunctions(dead)).code
+
+
+#: A function or method definition, by name (a word count decides, not the parse).
+_DEF = re.compile(r"^\s*def (\w+)", re.MULTILINE)
+
+
+class _DropFunctions(cst.CSTTransformer):
+    def __init__(self, dead: set[str]) -> None:
+        self.dead = dead
+
+    def leave_FunctionDef(self, original, updated):
+        return cst.RemovalSentinel.REMOVE if updated.name.value in self.dead else updated
+
+    def leave_IndentedBlock(self, original, updated):
+        if not updated.body:
+            return updated.with_changes(body=[cst.SimpleStatementLine([cst.Pass()])])
+        return updated
 
 
 def _asks_in(tree: cst.Module) -> set[str]:

@@ -64,6 +64,7 @@ def test_a_rendering_asks_nothing(release):
         compile(text, name, "exec")
 
 
+@pytest.mark.xdist_group("render_pages")  # one worker renders the pages for both tests
 def test_every_hunk_comes_from_a_named_change():
     pairs = zip(releases.RELEASES, releases.RELEASES[1:])
     unnamed = [f"{a} to {b}: {h.module}: {h.lines[-1]!r}"
@@ -82,6 +83,7 @@ def test_a_hunk_of_no_named_change_is_caught(monkeypatch):
     assert [h.module for h in hunks if not h.changes] == ["scheduler.py"]
 
 
+@pytest.mark.xdist_group("render_pages")
 def test_the_committed_pages_are_a_fresh_render():
     """docs/releases/ is what ``python -m harness releases pages`` writes now."""
     fresh = render.pages()

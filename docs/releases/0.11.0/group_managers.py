@@ -303,12 +303,6 @@ class SlidingWindowManager(GroupManager):
         self.num_cached_block.pop(request_id, None)
 
 
-def shared_prefix(request: Request) -> list[int]:
-    """The end of the full-attention hit the window groups cut short at the request's
-    lookup, if they did (from 0.29.0): a later request with that prefix resumes there."""
-    return [request.shared_prefix_boundary] if request.shared_prefix_boundary else []
-
-
 def window_pages(spec: KVCacheSpec) -> int:
     """Pages that hold the ``sliding_window - 1`` tokens before the next one, at most."""
     return cdiv(spec.sliding_window - 1, spec.block_size)

@@ -140,14 +140,6 @@ class KVCacheCoordinator:
         its last page, not all but two."""
         return max_length
 
-    def full_attention_hit(self, block_hashes: list[BlockHash], max_length: int) -> int:
-        """Tokens of the hit the full-attention groups find on their own, before the other
-        type cuts it: the longest hit of any one group, as the full groups search first and
-        the other type searches only within their hit (vLLM's hit length plus its
-        ``num_uncached_common_prefix_tokens``)."""
-        full = self.managers[self.full_ids[0]]
-        return len(self.full_groups_hit(block_hashes, max_length)[0]) * full.block_size
-
 
 def split_groups(specs: tuple[KVCacheSpec, ...]) -> tuple[list[int], list[int]]:
     """Ids of the full-attention groups and of the others.

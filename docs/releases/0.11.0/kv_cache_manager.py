@@ -58,17 +58,6 @@ class KVCacheManager:
         self.emit(events.PrefixLookup(request.request_id, num_hit))
         return hits, num_hit
 
-    def note_shared_prefix(self, request: Request, num_hit: int) -> None:
-        """From 0.29.0 (window_pages_cached_sparsely) a lookup notes where the full-attention
-        groups' own hit ends when the window groups cut the hit short of it: the window
-        pages that end there are then indexed, so that the next request with this prefix
-        hits them.  0 when nothing was cut, or when the request skips the cache."""
-        longest = 0
-        if not self.skips_prefix_cache(request):
-            longest = self.coordinator.full_attention_hit(request.block_hashes,
-                                                          self.max_hit_tokens(request))
-        request.shared_prefix_boundary = longest if longest > num_hit else 0
-
     def skips_prefix_cache(self, request: Request) -> bool:
         """No lookup without caching, nor for prompt logprobs (every prompt token is computed)."""
         return not self.enable_caching or request.wants_prompt_logprobs
@@ -116,17 +105,6 @@ class KVCacheManager:
                                                        request.num_tokens))
         return new_blocks
 
-    def can_fit_whole_sequence(self, request: Request, hits: PerGroup | None,
-                               num_computed_tokens: int = 0) -> bool:
-        """Whether the free pages would hold every token of the request (capped at
-        ``max_model_len``) beyond its prefix hit, counted as ``allocate_slots`` counts
-        (no lookahead); nothing is allocated.  ``num_computed_tokens``: hit and loaded."""
-        num_tokens = min(request.num_tokens, self.max_model_len)
-        needed = self.coordinator.pages_to_allocate(
-            request.request_id, num_tokens, hits or self.coordinator.empty(),
-            min(num_computed_tokens, self.max_model_len), self.admission_bound())
-        return needed <= self.pool.num_free_blocks()
-
     def admission_bound(self) -> tuple[int, int] | None:
         """(tokens in flight, max_model_len) when a whole-sequence count caps the window
         groups (from 0.20.2, window_admission_capped), else None.  The scheduler sets
@@ -139,14 +117,6 @@ class KVCacheManager:
         are then counted up to the cap while the pages it takes are not, so a pool short
         by those pages passes the count and fails as the pages are taken (ValueError)."""
         return None
-
-    def pages_still_needed(self, request: Request, extra_tokens: int = 0) -> int:
-        """Pages the request must still be given to hold all its tokens (capped at
-        ``max_model_len``) and ``extra_tokens`` more, beyond those it holds."""
-        num_tokens = min(request.num_tokens, self.max_model_len) + extra_tokens
-        return self.coordinator.pages_to_allocate(
-            request.request_id, num_tokens, self.coordinator.empty(),
-            min(request.num_computed_tokens, self.max_model_len), self.admission_bound())
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Cache the request's pages that ``num_computed_tokens`` fill (a finished load)."""

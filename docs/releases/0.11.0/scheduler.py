@@ -387,17 +387,6 @@ class Scheduler:
             plan.running.remove(victim)
         return victim
 
-    def _revoke_grant(self, victim: Request, plan: StepPlan) -> None:
-        """0.11.1 and later: a victim scheduled earlier in this step leaves the step.
-
-        Its budget comes back, its pages and drafts are not handed out, and the
-        pass steps back one place: the victim stood before the current request.
-        """
-        plan.token_budget += plan.num_scheduled_tokens.pop(victim.request_id)
-        plan.new_block_ids.pop(victim.request_id)
-        plan.spec_tokens.pop(victim.request_id, None)
-        plan.running_index -= 1
-
     def fcfs_victim(self) -> Request:
         """fcfs preempts the request that joined the running list last."""
         return self.running[-1]
@@ -515,13 +504,6 @@ class Scheduler:
         as the pages of its whole sequence plus that step's tokens."""
         c = self.config
         return 0
-
-    def draft_step_tokens(self) -> int:
-        """Slots one decode step with drafts writes: the sampled token, the drafts, and an
-        eagle drafter's lookahead; none without drafting."""
-        c = self.config
-        return 1 + c.num_speculative_tokens + c.num_lookahead_tokens \
-            if c.num_speculative_tokens else 0
 
     def draft_step_pages(self) -> int:
         """Pages an asynchronous load keeps free for one decode step with drafts: from
@@ -719,12 +701,6 @@ class Scheduler:
         input) keeps its ``padding`` placeholder drafts; from 0.29.0
         (decode_padding_leaves_room_to_sample) vLLM asserts that it was not cut, and the
         engine raises AssertionError."""
-
-    def pads_without_running(self, num_computed: int) -> bool:
-        """From 0.30.0 (padding_without_running_requests) a request with tokens computed
-        already (a prefix hit, a load, a resumption) is padded in a step that scheduled no
-        running request too."""
-        return False
 
     def sets_aside(self, num_new: int, plan: StepPlan) -> bool:
         """With chunked prefill off, a request that does not fit whole waits for a later

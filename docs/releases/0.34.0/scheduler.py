@@ -857,10 +857,6 @@ class Scheduler:
         after that draft unfilled, so the model rejects it."""
         return True
 
-    def worker_batch(self, plan: StepPlan) -> list[Request]:
-        """The step's requests in the worker's batch order: new, running, resumed."""
-        return plan.new + plan.running + plan.resumed
-
     def _advance_computed_tokens(self, output: SchedulerOutput) -> None:
         """Count the scheduled tokens as computed now, so the next step can go on, and let
         go of the encoder outputs whose placeholders are now computed."""
