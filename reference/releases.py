@@ -625,6 +625,13 @@ CHANGES: tuple[RuleChange, ...] = (
         "the request is finished with an error (FINISHED_ERROR), its pages freed.  0.30.0 "
         "took the cached output of the other length.  Found by the 0.34.0 campaign: streams "
         "reuse an image hash with another length, as a client reusing a UUID would."),
+    RuleChange(
+        "range_inside_item_waits_for_the_rest", "0.34.0", "",
+        "Multimodal, with disable_chunked_mm_input: a range that starts inside a placeholder "
+        "(a prefix hit or a KV connector's load ended inside it) and would end inside it "
+        "gets nothing until the rest of the item fits; 0.33.0 protected only a range "
+        "starting at or before the placeholder and granted the tokens up to the budget.  "
+        "Found by an unseen-seed sweep on 0.34.0 (fuzz seeds 124 and 125)."),
 )
 
 _BY_NAME = {c.name: c for c in CHANGES}

@@ -385,6 +385,7 @@ class Scheduler:
             if self.config.has("eagle_whole_item_cut_one_token_earlier") else 0,
             cut_at_item=self.config.has("encoder_cuts_at_the_item"),
             whole_item_first=self.config.has("whole_item_cut_before_lookups"),
+            whole_item_from_inside=self.config.has("range_inside_item_waits_for_the_rest"),
             rejected=self.encoder_mismatched
             if self.config.has("encoder_length_mismatch_fails_request") else None)
 
