@@ -346,6 +346,7 @@ class Scheduler:
             whole_item_lookahead=0,
             cut_at_item=False,
             whole_item_first=False,
+            whole_item_from_inside=False,
             rejected=None)
 
     def drafter_reads_ahead(self) -> int:

@@ -39,17 +39,24 @@ def already_in_kv(item: EncoderInput, num_computed_tokens: int) -> bool:
 
 
 def cut_to_whole_item(item: EncoderInput, num_computed_tokens: int, range_end: int,
-                      from_its_start: bool = False) -> bool:
+                      from_its_start: bool = False, from_inside: bool = False) -> bool:
     """With chunked multimodal input off: the range would stop inside a placeholder
     it enters from before.
 
     A placeholder the request is already inside of (prefix hit, or a cache hit
     chunked earlier) is not protected: the test needs the range to start
     strictly before the placeholder -- from 0.33.0 (``from_its_start``, rule change
-    ``encoder_cuts_at_the_item``) at or before it.
+    ``encoder_cuts_at_the_item``) at or before it.  From 0.34.0 (``from_inside``,
+    rule change ``range_inside_item_waits_for_the_rest``) a range that starts inside
+    the placeholder is protected too: the request gets nothing until the rest of the
+    item fits.
     """
-    starts_before = num_computed_tokens <= item.offset if from_its_start \
-        else num_computed_tokens < item.offset
+    if from_inside:
+        starts_before = num_computed_tokens < item.end
+    elif from_its_start:
+        starts_before = num_computed_tokens <= item.offset
+    else:
+        starts_before = num_computed_tokens < item.offset
     return starts_before and range_end < item.end
 
 
@@ -84,6 +91,7 @@ def try_schedule_encoder_inputs(
     whole_item_lookahead: int = 0,
     cut_at_item: bool = False,
     whole_item_first: bool = False,
+    whole_item_from_inside: bool = False,
     rejected: list[str] | None = None,
 ) -> tuple[list[int], int, int]:
     """The items to encode this step, the tokens still granted, the budget left.
@@ -122,7 +130,9 @@ def try_schedule_encoder_inputs(
     whole-item check of ``disable_chunked_mm_input`` comes before the item is looked up,
     so it also cuts at an item the step encodes already (the same hash earlier in the
     request) or the cache holds; up to 0.31.0 such an item was passed over first and could
-    be split.
+    be split.  ``whole_item_from_inside`` (from 0.34.0: rule change
+    ``range_inside_item_waits_for_the_rest``): the whole-item check also holds a range that
+    starts inside the placeholder (a prefix hit or a load ending there) to nothing.
     """
     items = request.encoder_inputs
     if num_new_tokens == 0 or not items:
@@ -141,7 +151,7 @@ def try_schedule_encoder_inputs(
         if already_in_kv(item, num_computed_tokens):
             continue
         splits_item = disable_chunked_mm_input and cut_to_whole_item(
-            item, num_computed_tokens, range_end, cut_at_item)
+            item, num_computed_tokens, range_end, cut_at_item, whole_item_from_inside)
         if splits_item and whole_item_first:
             num_new_tokens = tokens_before(item, num_computed_tokens + whole_item_lookahead)
             break

@@ -366,6 +366,7 @@ class Scheduler:
             whole_item_lookahead=self.drafter_reads_ahead(),
             cut_at_item=True,
             whole_item_first=True,
+            whole_item_from_inside=True,
             rejected=self.encoder_mismatched)
 
     def drafter_reads_ahead(self) -> int:
