@@ -112,12 +112,14 @@ gpu-check: $(STAMP)
 	$(PY) -m harness gpu-check
 
 # make upgrade-check VLLM=0.19.0: that release against 0.11.0's rules (docs/upgrades/);
+# VLLM=latest: the newest release on the package index (one line says which and why);
 # FROM=0.13.0: against that release instead (report docs/upgrades/0.13.0-to-0.19.0.md);
-# ARGS: more options of `python -m harness upgrade-check`, e.g. ARGS="--examples 500".
+# ARGS: more options of `python -m harness upgrade-check`, e.g. ARGS="--examples 500"
+# or ARGS="--fail-on unexplained" (a difference fails only when a cause is not named).
 FROM ?= 0.11.0
 ARGS ?=
 upgrade-check: $(STAMP)
-	@test -n "$(VLLM)" || { echo "error: VLLM: say which release, e.g. make upgrade-check VLLM=0.19.0" >&2; exit 2; }
+	@test -n "$(VLLM)" || { echo "error: VLLM: say which release, e.g. make upgrade-check VLLM=0.19.0 or VLLM=latest" >&2; exit 2; }
 	$(PY) -m harness upgrade-check $(VLLM) --from $(FROM) $(ARGS)
 
 # Caches and outputs; the ~10 GB environment stays (see distclean).

@@ -321,20 +321,22 @@ def cmd_conformance(ns) -> int:
     return conformance_main(examples=ns.examples)
 
 
-def _upgrade_arguments(ns) -> tuple[Path | None, Path | None]:
+def _upgrade_arguments(ns, latest: bool = False) -> tuple[Path | None, Path | None]:
     """(report folder, the user's streams folder), after the one-line checks of the release
-    numbers, FROM and the streams."""
+    numbers, FROM and the streams; ``latest``: the release is not known yet (every check
+    but those of the release, before the package index is asked)."""
     from harness.sideenv import check_version
     from reference import releases
     try:
-        check_version(ns.version)
+        if not latest:
+            check_version(ns.version)
         check_version(ns.old)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if not releases.is_described(ns.old):
         raise UsageError(f"FROM: the reference does not describe vLLM {ns.old} "
                          f"(it describes {releases.RELEASES[0]} to {releases.RELEASES[-1]})")
-    if releases.order(ns.old) >= releases.order(ns.version):
+    if not latest and releases.order(ns.old) >= releases.order(ns.version):
         raise UsageError(f"FROM: {ns.old} is not older than VLLM={ns.version}")
     streams = None
     if ns.streams is not None:
@@ -351,11 +353,24 @@ def _upgrade_arguments(ns) -> tuple[Path | None, Path | None]:
 
 
 def cmd_upgrade_check(ns) -> int:
-    from harness.upgrade_check import upgrade_check
+    from harness.sideenv import IndexUnavailable
+    from harness.upgrade_check import LATEST, take_latest, upgrade_check
+    if ns.version == LATEST:
+        _upgrade_arguments(ns, latest=True)  # bad input is exit 2 before the index is asked
+        try:
+            taken = take_latest(ns.old)
+        except IndexUnavailable as exc:
+            print(f"error: upgrade-check latest: {exc}", file=sys.stderr)
+            return EXIT_CANNOT_DRIVE
+        print(taken.line, file=sys.stderr)
+        if taken.version is None:
+            return EXIT_OK
+        ns.version = taken.version
     out, streams = _upgrade_arguments(ns)
     return upgrade_check(ns.version, examples=ns.examples, seed=ns.seed, out=out,
                          record=not ns.no_record, old=ns.old, streams=streams,
-                         shrink_seconds=ns.shrink_seconds, workers=_workers(ns))
+                         shrink_seconds=ns.shrink_seconds, workers=_workers(ns),
+                         fail_on=ns.fail_on)
 
 
 def cmd_upgrade_report(ns) -> int:
@@ -363,7 +378,7 @@ def cmd_upgrade_report(ns) -> int:
     out, streams = _upgrade_arguments(ns)
     return report(ns.version, examples=ns.examples, seed=ns.seed, out=out,
                   record=not ns.no_record, old=ns.old, streams=streams,
-                  shrink_seconds=ns.shrink_seconds, workers=_workers(ns))
+                  shrink_seconds=ns.shrink_seconds, workers=_workers(ns), fail_on=ns.fail_on)
 
 
 def _workers(ns) -> int:
@@ -722,7 +737,9 @@ def build_parser() -> argparse.ArgumentParser:
              "rules (0.11.0 unless --from) and write docs/upgrades/<version>.md"),
             ("upgrade-report", cmd_upgrade_report, argparse.SUPPRESS)):
         u = sub.add_parser(name, help=text)
-        u.add_argument("version", help="a vLLM release, e.g. 0.12.0")
+        u.add_argument("version", help="a vLLM release, e.g. 0.12.0, or latest: the newest "
+                                       "release on the package index pip is set up with (no "
+                                       "pre-release, none yanked); one line says which it took")
         u.add_argument("streams", nargs="?", default=None,
                        help="a folder of your own streams: each is reported same or different "
                             "between the two releases (no campaign; the report goes to "
@@ -744,6 +761,12 @@ def build_parser() -> argparse.ArgumentParser:
         u.add_argument("--workers", type=positive_int, default=None,
                        help="processes checking chunks of the campaign at once (default: every "
                             "core); the same seed gives the same report whatever the number")
+        u.add_argument("--fail-on", choices=("different", "unexplained"), default="different",
+                       help="exit 1 on any difference (different, the default) or only on what "
+                            "the check cannot explain (unexplained: a cause no named rule change "
+                            "explains, the reference with the release's rules not exact, a "
+                            "stream that could not run); a scheduled job passes when every "
+                            "cause is named")
         u.set_defaults(func=func)
 
     rl = sub.add_parser("releases", help="the rules of one vLLM release as plain code "

@@ -42,6 +42,9 @@ naming both.  Releases the base's transformers meets (0.11.1 to 0.23.0) get no
 stack and are not refused: the overlay alone is their drive, as their checks
 show exact, although some state an xgrammar or llguidance the base lacks.
 
+``newest_release()`` asks pip which vLLM release is the newest on the package index
+(``upgrade-check latest``).
+
 ``python -m harness.sideenv 0.30.0`` makes the release's side environment and
 prints its ``PYTHONPATH``.
 """
@@ -49,18 +52,20 @@ prints its ``PYTHONPATH``.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from importlib import metadata
 from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 from harness.paths import ROOT
 
@@ -74,6 +79,15 @@ _VERSION = re.compile(r"^\d+\.\d+\.\d+([.-]?(post|rc|dev)\d+)?$")
 
 class SideEnvError(Exception):
     """The side environment could not be made; the message is one line."""
+
+
+class IndexUnavailable(SideEnvError):
+    """The package index did not say which release is the newest; the message is one line."""
+
+
+# Seconds pip may take to say which release is the newest (pip retries a connection
+# 5 times, some 8 s in all when it is refused; a silent network is cut off here).
+INDEX_TIMEOUT = 120
 
 
 def check_version(version: str) -> str:
@@ -303,6 +317,91 @@ def ensure_stack(version: str, log=print) -> Path | None:
          what=f"the stack of vllm {version}")
     done.write_text(_pin_lines(stack))
     return target
+
+
+# -- the newest release on the package index ----------------------------------------------
+
+def newest_release(package: str = "vllm", timeout: float = INDEX_TIMEOUT) -> tuple[str, str]:
+    """(version, where) of the newest release of ``package`` on the package index, as pip
+    would install it here: no pre-release, no yanked release, a wheel this interpreter and
+    platform take (the overlay is made from a wheel); ``where`` is the address that serves
+    it, credentials cut.
+
+    pip is asked (``pip install --dry-run --no-deps --report``), so the index, mirrors,
+    proxies, certificates and credentials are the ones pip is set up with (``pip config
+    list``, ``PIP_INDEX_URL``), as for the overlay's download.  Where the index serves a
+    wheel's metadata apart (PEP 658, as PyPI does) nothing else is downloaded: about 2 s.
+    Raises IndexUnavailable, one line, when pip cannot say within ``timeout`` seconds."""
+    with tempfile.TemporaryDirectory(prefix="newest-release-") as tmp:
+        report = Path(tmp) / "report.json"
+        # -vv: pip says which index it could not reach, and why, only at its debug level
+        cmd = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input",
+               "-vv", "install", "--dry-run", "--no-deps", "--ignore-installed",
+               "--only-binary", ":all:", "--report", str(report), package]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                                  stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise IndexUnavailable(f"no answer from pip within {timeout:g} s "
+                                   f"{_WHICH_INDEX}") from None
+        except OSError as exc:
+            raise IndexUnavailable(f"pip could not be started: {exc.strerror or exc}") from None
+        if proc.returncode != 0:
+            raise IndexUnavailable(_index_failure(f"{proc.stdout}\n{proc.stderr}", package,
+                                                  proc.returncode))
+        try:
+            found = json.loads(report.read_text())["install"][0]
+            version = str(found["metadata"]["version"])
+            url = str(found.get("download_info", {}).get("url", ""))
+        except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError):
+            raise IndexUnavailable("pip named no release (its --report could not be "
+                                   "read)") from None
+    try:
+        Version(version)
+        check_version(version)
+    except (InvalidVersion, ValueError):
+        raise IndexUnavailable(f"the newest {package} on the index, {version!r}, is not a "
+                               f"release number like 0.12.0") from None
+    return version, _where(url)
+
+
+_WHICH_INDEX = "(which index pip asks: pip config list, PIP_INDEX_URL)"
+
+
+def _where(url: str) -> str:
+    """The scheme and host (a local file: its folder) of a download address, without
+    credentials."""
+    from urllib.parse import unquote, urlsplit
+    parts = urlsplit(url)
+    if parts.scheme == "file":
+        return str(Path(unquote(parts.path)).parent)
+    if parts.scheme and parts.hostname:
+        port = f":{parts.port}" if parts.port else ""
+        return f"{parts.scheme}://{parts.hostname}{port}"
+    return "the package index"
+
+
+def _index_failure(output: str, package: str, code: int) -> str:
+    """One line from what pip said (at -vv): the index it could not reach and why, else its
+    last error."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    fetched = re.findall(r"Could not fetch URL (\S+?): (.*) - skipping", output)
+    broken = [line for line in lines if "connection broken by" in line]
+    if fetched or broken:
+        url, why = fetched[-1] if fetched else ("", broken[-1])
+        short = [re.search(p, why) for p in (
+            r"Failed to establish a new connection: ([^'\"]+)", r"(\[SSL[^'\"]*)",
+            r"Caused by (\w+)\('([^'\"]*)", r"connection broken by '?(\w+)\(")]
+        found = next((m for m in short if m), None)
+        reason = ": ".join(g.strip() for g in found.groups() if g) if found else why[:160]
+        index = url.rstrip("/").removesuffix(f"/{package}")
+        return f"cannot reach the package index{' ' + index if index else ''}: {reason}"
+    errors = [line.removeprefix("ERROR: ") for line in lines if line.startswith("ERROR: ")]
+    if any("No matching distribution found" in e for e in errors):
+        return f"the package index has no release of {package} with a wheel for this machine " \
+               f"{_WHICH_INDEX}"
+    last = errors[-1] if errors else (lines[-1] if lines else f"pip exit {code}")
+    return f"pip: {last[:200]}"
 
 
 def _find_wheel(version: str) -> Path | None:

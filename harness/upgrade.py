@@ -520,8 +520,7 @@ def report_text(version: str, checker: Checker, bundled: list[BundledResult],
         f"* The reference with the rules of {target} conforms on "
         + (f"{camp.conform}/{camp.same + camp.different} generated and " if camp.examples else "")
         + f"{conform_bundled}/{len(bundled)} {kind} streams"
-        + (" (exact)." if camp.conform == camp.same + camp.different and conform_bundled == len(bundled)
-           else "."),
+        + (" (exact)." if exact(bundled, camp) else "."),
         "",
         "## Causes",
         "",
@@ -577,6 +576,33 @@ def report_text(version: str, checker: Checker, bundled: list[BundledResult],
     return "\n".join(lines).rstrip() + "\n"
 
 
+def exact(bundled: list[BundledResult], camp: CampaignResult) -> bool:
+    """The reference with the release's rules gave the new vLLM's trace on every stream."""
+    return camp.conform == camp.same + camp.different and all(b.conforms for b in bundled)
+
+
+def verdict(version: str, checker: Checker, bundled: list[BundledResult], camp: CampaignResult,
+            causes: dict) -> tuple[int, str]:
+    """(exit code, one line) under ``--fail-on unexplained``: 0 when nothing differs or
+    every cause is a named rule change, the reference with the release's rules exact and
+    every stream run; else 1, the line naming what is left unexplained."""
+    unexplained = [c.title().removeprefix("unexplained: ") for c in causes.values()
+                   if not c.explained]
+    failed = [b.name for b in bundled if b.outcome == COULD_NOT_RUN]
+    target = checker.target.release
+    problems = ([f"{len(unexplained)} unexplained ({'; '.join(sorted(unexplained))})"]
+                if unexplained else []) \
+        + ([] if exact(bundled, camp) else [f"the reference with {target}'s rules not exact"]) \
+        + ([f"{len(failed)} stream(s) could not run ({', '.join(failed[:3])}"
+            + (", ...)" if len(failed) > 3 else ")")] if failed else [])
+    found = (f"{len(causes)} cause(s) of divergence" if causes else "no divergence") \
+        + ("" if problems or not causes else ", every one a named rule change")
+    line = f"verdict: vLLM {version} against {checker.old}: {found}"
+    if problems:
+        return 1, f"{line}; {'; '.join(problems)}: fails --fail-on unexplained"
+    return 0, f"{line}; the reference with {target}'s rules exact: passes --fail-on unexplained"
+
+
 @contextlib.contextmanager
 def _slots_checked_by_vllms_kernel():
     """Where the release maps slots with a Triton kernel, the bundled streams also run it,
@@ -595,8 +621,9 @@ def _slots_checked_by_vllms_kernel():
 
 def report(version: str, examples: int, seed: int, out: Path | None, record: bool,
            old: str = BASE, streams: Path | None = None, shrink_seconds: float = 20,
-           workers: int = 1) -> int:
-    """The check inside the new release's process: 0 same, 1 different, 3 could not drive.
+           workers: int = 1, fail_on: str = "different") -> int:
+    """The check inside the new release's process: 0 same, 1 different, 3 could not drive;
+    with ``fail_on="unexplained"``, 1 only when ``verdict`` finds something unexplained.
 
     ``old``: the release upgraded from.  ``streams``: a folder of the user's own streams,
     checked instead of the bundled ones and without a campaign; the report then goes to
@@ -631,4 +658,8 @@ def report(version: str, examples: int, seed: int, out: Path | None, record: boo
         print(f"report: {out / name}")
     for cause in sorted(causes.values(), key=lambda c: -c.count):
         print(f"cause: {cause.title()} ({cause.count} streams)")
+    if fail_on == "unexplained":
+        code, line = verdict(version, checker, bundled, camp, causes)
+        print(line)
+        return code
     return 1 if causes else 0

@@ -5,7 +5,12 @@ the check inside it (``python -m harness upgrade-report``, see
 ``harness.upgrade``), and keeps ``docs/upgrades/README.md``'s table of every
 release tried up to date.  Exit codes: 0 same as 0.11.0, 1 different, 2 bad
 input, 3 the release could not be driven (one line naming what is missing,
-also written to its report).
+also written to its report).  With ``fail_on="unexplained"`` a difference is exit 1 only
+when the check leaves something unexplained (``harness.upgrade.verdict``).
+
+``upgrade-check latest``: ``take_latest`` asks the package index for the newest release
+(``harness.sideenv.newest_release``); one line says which it took and why, and an index
+that does not answer is exit 3.
 """
 
 from __future__ import annotations
@@ -17,16 +22,19 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
 from harness.paths import ROOT, write_atomic
 from harness.sideenv import (SideEnvError, base_version, check_version, ensure_overlay,
-                             ensure_stack, overlay_environment, requirement, resolve_stack)
+                             ensure_stack, newest_release, overlay_environment, requirement,
+                             resolve_stack)
 from reference import releases
 
 BASE = "0.11.0"
+LATEST = "latest"
 
 INDEX_HEADER = [
     "# Upgrade checks: every vLLM release tried",
@@ -48,12 +56,43 @@ INDEX_HEADER = [
 ]
 
 
+@dataclass(frozen=True)
+class Taken:
+    """The release ``upgrade-check latest`` took (None: none newer than FROM) and why."""
+
+    version: str | None
+    line: str
+
+
+def take_latest(old: str = BASE) -> Taken:
+    """The newest release on the package index, to check from ``old``, and one line saying
+    which and why.  An undescribed release is checked against the rules of the newest
+    described release before it (``releases.newest_described``, as ``harness.upgrade``
+    does).  Raises ``sideenv.IndexUnavailable`` (one line) when the index does not answer."""
+    version, where = newest_release()
+    head = f"upgrade-check latest: took vLLM {version}, the newest release on the index ({where})"
+    rules = releases.newest_described(version)
+    newest = releases.RELEASES[-1]
+    if releases.order(version) <= releases.order(old):
+        return Taken(None, f"{head}, which is not newer than FROM={old}: nothing to check")
+    if releases.is_described(version):
+        return Taken(version, f"{head}, which the reference describes")
+    if releases.order(version) > releases.order(newest):
+        return Taken(version, f"{head}, newer than the newest the reference describes "
+                              f"({newest}): checked against {rules}'s rules")
+    return Taken(version, f"{head}, which the reference does not describe: checked against "
+                          f"{rules}'s rules, the newest described before it")
+
+
 def upgrade_check(version: str, examples: int, seed: int, out: Path | None, record: bool,
                   old: str = BASE, streams: Path | None = None,
-                  shrink_seconds: float = 20, workers: int = 1) -> int:
+                  shrink_seconds: float = 20, workers: int = 1,
+                  fail_on: str = "different") -> int:
     """``make upgrade-check [FROM=old] VLLM=version``; with ``streams``, the user's own
     streams instead of the bundled ones (no campaign, nothing recorded, the index of
-    releases untouched).  Exit codes as the module says."""
+    releases untouched).  ``fail_on``: "different" (exit 1 on any difference) or
+    "unexplained" (exit 1 only on what the check cannot explain).  Exit codes as the
+    module says."""
     check_version(version)
     plain = old == BASE and streams is None
     started = time.monotonic()
@@ -71,7 +110,8 @@ def upgrade_check(version: str, examples: int, seed: int, out: Path | None, reco
         cmd = [sys.executable, "-m", "harness", "upgrade-report", version] \
             + ([] if streams is None else [str(streams)]) \
             + ["--examples", str(examples), "--seed", str(seed), "--from", old,
-               "--shrink-seconds", str(shrink_seconds), "--workers", str(workers)] \
+               "--shrink-seconds", str(shrink_seconds), "--workers", str(workers),
+               "--fail-on", fail_on] \
             + ([] if record and plain else ["--no-record"]) + ["--out", str(report_dir)]
         proc = subprocess.Popen(cmd, env=overlay_environment(version), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)

@@ -155,6 +155,8 @@ AS_REFERENCE = {
 NOT_RUN = [
     (r"my_sim|my-sim|my_stream|my-streams/|<file>",
      "names the reader's own engine or files (the worked engine and streams are run instead)"),
+    (r"cp docs/ci/upgrade-watch\.yml",
+     "copies the scheduled workflow into the reader's own repository"),
     (r"^make install$|pip install",
      "installs ~10 GB of packages (vLLM, torch)"),
     (r"upgrade-check",

@@ -15,7 +15,7 @@ from harness import sideenv, upgrade_check
 from harness.cli import main
 
 
-@pytest.mark.parametrize("version", ["0.12", "latest", "0.12.0; rm -rf /", "../0.12.0", ""])
+@pytest.mark.parametrize("version", ["0.12", "newest", "0.12.0; rm -rf /", "../0.12.0", ""])
 def test_bad_release_numbers_are_refused(version, capsys):
     assert main(["upgrade-check", version]) == 2
     err = capsys.readouterr().err.splitlines()
