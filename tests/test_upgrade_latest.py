@@ -370,6 +370,23 @@ def test_the_workflow_passes_actionlint():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.parametrize("schema", ["vendor.github-workflows",
+                                    "custom.github-workflows-require-timeout"])
+def test_the_workflow_is_valid_against_github_s_workflow_schema(schema, tmp_path):
+    """Offline, in make test: check-jsonschema's wheel carries GitHub's workflow schema
+    (actionlint, above, also checks expressions and shell, where it can be installed)."""
+    checker = Path(sys.executable).parent / "check-jsonschema"
+    proc = subprocess.run([str(checker), "--builtin-schema", schema, str(WORKFLOW)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    broken = tmp_path / "broken.yml"  # and it can fail: a misspelt key
+    broken.write_text(WORKFLOW.read_text().replace("runs-on: ubuntu-latest", "runs-onn: x")
+                      .replace("timeout-minutes: 120", "timeout-minute: 120"))
+    proc = subprocess.run([str(checker), "--builtin-schema", schema, str(broken)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout
+
+
 def test_the_workflow_runs_weekly_and_by_hand():
     on = _workflow()
     on = on.get("on", on.get(True))  # YAML 1.1 reads the key on as true
