@@ -988,7 +988,7 @@ def _held_until_finished(request, num_computed, cache, **kw):
 
 @mutant("chunked_mm_input_allowed", "with disable_chunked_mm_input a placeholder is computed "
         "in one step", SCHEDULER, replaces=(rencin, "cut_to_whole_item"), applies=chunked_mm_off)
-def _never_cut_to_whole(item, num_computed, range_end, from_its_start=False):
+def _never_cut_to_whole(item, num_computed, range_end, from_its_start=False, from_inside=False):
     return False
 
 
