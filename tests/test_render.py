@@ -40,7 +40,12 @@ def replay_rendered(files: dict[str, str], release: str, tmp_path) -> subprocess
                           env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"})
 
 
-@pytest.mark.parametrize("release", RECORDED)
+#: make test-fast replays the base and the newest rendering; make test every one.
+ENDS = (releases.RELEASES[0], releases.RELEASES[-1])
+
+
+@pytest.mark.parametrize("release", [r if r in ENDS else pytest.param(r, marks=pytest.mark.slow)
+                                     for r in RECORDED])
 def test_a_rendered_release_replays_its_own_traces(release, tmp_path):
     done = replay_rendered(render.render(release), release, tmp_path)
     traces = len(list((TRACES_DIR / f"vllm-{release}").glob("*.json")))
@@ -48,6 +53,7 @@ def test_a_rendered_release_replays_its_own_traces(release, tmp_path):
     assert done.stdout.strip().endswith(f"{traces} match, 0 do not")
 
 
+@pytest.mark.slow
 def test_a_rendering_with_one_rule_answered_wrong_does_not_replay(tmp_path):
     """0.34.0 rendered as if a priority victim still kept its grant (0.11.0's rule)."""
     rules = releases.rules_of("0.34.0") - {"priority_victim_loses_its_grant"}
@@ -64,6 +70,7 @@ def test_a_rendering_asks_nothing(release):
         compile(text, name, "exec")
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("render_pages")  # one worker renders the pages for both tests
 def test_every_hunk_comes_from_a_named_change():
     pairs = zip(releases.RELEASES, releases.RELEASES[1:])
@@ -83,6 +90,7 @@ def test_a_hunk_of_no_named_change_is_caught(monkeypatch):
     assert [h.module for h in hunks if not h.changes] == ["scheduler.py"]
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("render_pages")
 def test_the_committed_pages_are_a_fresh_render():
     """docs/releases/ is what ``python -m harness releases pages`` writes now."""
@@ -96,6 +104,7 @@ def test_the_committed_pages_are_a_fresh_render():
     assert sum(name.endswith(".md") and "-to-" in name for name in fresh) == pairs
 
 
+@pytest.mark.slow
 def test_render_command(tmp_path):
     def cli(*args):
         return subprocess.run([sys.executable, "-m", "harness", "releases", *args],
