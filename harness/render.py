@@ -80,7 +80,7 @@ def render_rules(rules: frozenset[str], source_dir: Path = REFERENCE_DIR) -> dic
     """Every module of the reference with its asks answered from ``rules``, without the
     functions only other releases' rules call."""
     files = _answered(rules, source_dir)
-    return _without_dead_functions(files, _names_used_outside(source_dir),
+    return _without_dead_functions(files, _names_used_outside(),
                                    _words_of_the_reference(source_dir))
 
 
@@ -88,7 +88,7 @@ def render_rules(rules: frozenset[str], source_dir: Path = REFERENCE_DIR) -> dic
 
 
 @functools.lru_cache(maxsize=None)
-def _names_used_outside(source_dir: Path) -> frozenset[str]:
+def _names_used_outside() -> frozenset[str]:
     """Every name the harness's own modules (the engines, the tests' tools) use: a
     function they call stays even where the release's rules never do."""
     words: set[str] = set()
@@ -155,9 +155,7 @@ class _DropFunctions(cst.CSTTransformer):
         return cst.RemovalSentinel.REMOVE if updated.name.value in self.dead else updated
 
     def leave_IndentedBlock(self, original, updated):
-        if not updated.body:
-            return updated.with_changes(body=[cst.SimpleStatementLine([cst.Pass()])])
-        return updated
+        return _never_empty(updated)
 
 
 def _asks_in(tree: cst.Module) -> set[str]:
@@ -206,8 +204,8 @@ def _truth(node: cst.BaseExpression) -> bool | None:
     return None
 
 
-def _literal(value: bool, like: cst.BaseExpression) -> cst.Name:
-    """``True`` or ``False`` in place of ``like``: a name needs no parentheses."""
+def _literal(value: bool) -> cst.Name:
+    """``True`` or ``False``, with no parentheses: a name needs none."""
     return cst.Name("True" if value else "False")
 
 
@@ -226,12 +224,12 @@ class _AnswerAsks(cst.CSTTransformer):
         change = _ask_of(updated)
         if change is None:
             return updated
-        return _literal(change in self.rules, updated)
+        return _literal(change in self.rules)
 
     def leave_UnaryOperation(self, original, updated):
         value = _truth(updated.expression)
         if isinstance(updated.operator, cst.Not) and value is not None:
-            return _literal(not value, updated)
+            return _literal(not value)
         return updated
 
     def leave_BooleanOperation(self, original, updated):
@@ -239,10 +237,10 @@ class _AnswerAsks(cst.CSTTransformer):
         is_and = isinstance(updated.operator, cst.And)
         if left is not None:  # True and x -> x; False and x -> False; mirrored for or
             return _keep_parens(updated.right, updated) if left == is_and \
-                else _literal(left, updated)
+                else _literal(left)
         if right is not None:  # x and True -> x; x and False -> False (x has no effect)
             return _keep_parens(updated.left, updated) if right == is_and \
-                else _literal(right, updated)
+                else _literal(right)
         return updated
 
     def leave_IfExp(self, original, updated):
@@ -265,13 +263,17 @@ class _AnswerAsks(cst.CSTTransformer):
         return _flatten(updated.orelse.body.body, updated.leading_lines)
 
     def leave_IndentedBlock(self, original, updated):
-        body = _until_the_exit(updated.body)
-        if not body:
-            body = [cst.SimpleStatementLine([cst.Pass()])]
-        return updated.with_changes(body=body)
+        return _never_empty(updated.with_changes(body=_until_the_exit(updated.body)))
 
     def leave_Module(self, original, updated):
         return updated.with_changes(body=_until_the_exit(updated.body))
+
+
+def _never_empty(block: cst.IndentedBlock) -> cst.IndentedBlock:
+    """A block whose statements all went holds ``pass``."""
+    if block.body:
+        return block
+    return block.with_changes(body=[cst.SimpleStatementLine([cst.Pass()])])
 
 
 def _fold_elifs(node: cst.If) -> cst.If:
@@ -430,11 +432,6 @@ def attributed_diff(old: str, new: str) -> list[Hunk]:
             behind = [c for c in changes if _edits(hunk) & edits[c.name]]
             out.append(Hunk(name, hunk, behind))
     return out
-
-
-def diff(old: str, new: str) -> str:
-    """The unified diff of the rendered modules of two releases."""
-    return "".join(h.text for h in attributed_diff(old, new))
 
 
 # -- the pages of docs/releases/ -----------------------------------------------------------
