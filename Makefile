@@ -87,10 +87,10 @@ $(FUZZ_STAMP): $(STAMP) constraints-hypofuzz.txt
 
 fuzz-env: $(FUZZ_STAMP)
 
-# The newest release's side environment (harness/sideenv.py, about a minute): the short
+# The newest release's side environment (harness/jobs/side_env.py, about a minute): the short
 # reproductions of docs/findings/newest/ run in it (tests/test_findings.py).
 $(NEWEST_STAMP): $(STAMP)
-	$(PY) -m harness.sideenv $(NEWEST_VLLM) >/dev/null
+	$(PY) -m harness.jobs.side_env $(NEWEST_VLLM) >/dev/null
 	touch $(NEWEST_STAMP)
 
 newest-env: $(NEWEST_STAMP)
@@ -99,7 +99,7 @@ newest-env: $(NEWEST_STAMP)
 # core, until stopped; dashboard at http://localhost:9999.  Failures land in .hypothesis/, where
 # `pytest -k <property>` replays them and writes counterexamples/<test>.json.
 dashboard: $(FUZZ_STAMP)
-	PYTHONPATH=$(FUZZ_ENV) $(PY) -m harness.hypofuzz_run -- $(FUZZ_ARGS)
+	PYTHONPATH=$(FUZZ_ENV) $(PY) -m harness.jobs.hypofuzz_run -- $(FUZZ_ARGS)
 
 # HypoFuzz against plain and targeted hypothesis on ten rarely decided rules, two laps each
 # (about 30 minutes on 2 cores).

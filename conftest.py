@@ -1,6 +1,6 @@
 """Shared pytest setup: hypothesis profiles and the vLLM availability gate.
 
-Profiles are those of ``harness.profiles`` (``ci``, ``fast``, ``dev``, ``nightly``,
+Profiles are those of ``harness.checks.profiles`` (``ci``, ``fast``, ``dev``, ``nightly``,
 ``replay``): ``ci`` when hypothesis detects a CI system, ``dev`` otherwise; select one
 with ``--hypothesis-profile NAME``.
 
@@ -16,7 +16,7 @@ import os
 
 import pytest
 
-from harness import profiles
+from harness.checks import profiles
 
 profiles.load()
 
@@ -71,7 +71,7 @@ def _mutant_from_environment():
     if not name:
         yield
         return
-    from harness.mutants import find
+    from harness.checks.mutants import find
     mutant = find(name)
     if mutant is None or mutant.patch is None:
         raise pytest.UsageError(f"HARNESS_MUTANT: unknown mutant {name!r}")

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from harness.stream import StreamError, parse_stream
+from harness.formats.stream import StreamError, parse_stream
 
 # A small valid config: 4-token blocks, 16 blocks, 32-token model length.
 SMALL = {"block_size": 4, "num_gpu_blocks": 16, "max_num_batched_tokens": 16,

@@ -14,11 +14,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness import bench
+from harness.jobs import bench
 from harness.engines import get_engine
-from harness.runner import run
-from harness.stream import parse_stream
-from harness.trace import ENGINE_FAILURE
+from harness.loop.runner import run
+from harness.formats.stream import parse_stream
+from harness.formats.trace import ENGINE_FAILURE
 
 FIGURES = ("1a", "1b", "2", "3", "4", "5", "6")
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.paths import ROOT
-from harness.stream import load_stream
+from harness.formats.paths import ROOT
+from harness.formats.stream import load_stream
 
 pytestmark = [pytest.mark.needs_vllm, pytest.mark.slow]
 

@@ -1,7 +1,7 @@
 """A campaign is the same whatever runs it: one process, forked workers, or Ray.
 
-The chunks of a seed are fixed (harness/chunks.py); the workers only decide
-where they run (harness/workers.py).  These tests hold the runners to that:
+The chunks of a seed are fixed (harness/jobs/chunks.py); the workers only decide
+where they run (harness/jobs/workers.py).  These tests hold the runners to that:
 the same streams (a digest of every stream checked), the same rule counters,
 and under a mutant the same shrunk counterexample, byte for byte.
 """
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.chunks import CHUNK_STREAMS, Chunk, ChunkResult, Gathered, chunk_seed, chunks_of
-from harness.paths import ROOT
+from harness.jobs.chunks import CHUNK_STREAMS, Chunk, ChunkResult, Gathered, chunk_seed, chunks_of
+from harness.formats.paths import ROOT
 
 
 def result(index: int, diverged: bool = False, streams: int = 1) -> ChunkResult:
@@ -71,7 +71,7 @@ def fake_chunk(chunk: Chunk, profile, engines, folder, on_stream=None, stop=None
 
 
 def test_a_forked_worker_that_dies_costs_its_chunk_not_the_campaign(monkeypatch, tmp_path):
-    from harness import workers
+    from harness.jobs import workers
     monkeypatch.setattr(workers, "run_chunk", fake_chunk)  # the children are forked after this
     chunks = chunks_of(4 * CHUNK_STREAMS, seed=3)
     g = Gathered(chunks)

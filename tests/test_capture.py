@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from harness.capture import check_capture, read_capture, stream_from_capture, tokens_kept
-from harness.runner import run
-from harness.stream import StreamError, parse_stream
+from harness.jobs.capture import check_capture, read_capture, stream_from_capture, tokens_kept
+from harness.loop.runner import run
+from harness.formats.stream import StreamError, parse_stream
 from tests.stream_builders import req, stream as stream_dict
 
 pytestmark = [pytest.mark.needs_vllm]

@@ -1,9 +1,9 @@
 """Conformance properties: generated streams must give vLLM's trace exactly.
 
 One property per area of the scheduler and one over the whole space, each a
-test made from the registry in ``harness.properties``.  Each
+test made from the registry in ``harness.checks.properties``.  Each
 runs a stream through the installed vLLM and through the reference and
-compares every step (harness.diff).  A failure prints the first divergent
+compares every step (harness.checks.diff).  A failure prints the first divergent
 step side by side and leaves the shrunk stream in counterexamples/<test>.json
 with the command that replays it.
 """
@@ -13,17 +13,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from harness import profiles
-from harness.conformance import assert_conforms
-from harness.paths import ROOT, STREAMS_DIR
-from harness.properties import PROPERTIES, given_property
-from harness.stream import parse_drawn_stream, parse_stream
+from harness.checks import profiles
+from harness.checks.conformance import assert_conforms
+from harness.formats.paths import ROOT, STREAMS_DIR
+from harness.checks.properties import PROPERTIES, given_property
+from harness.formats.stream import parse_drawn_stream, parse_stream
 
 pytestmark = [pytest.mark.conformance, pytest.mark.needs_vllm]
 
 NODE = Path(__file__).resolve().relative_to(ROOT).as_posix()
 
-#: HARNESS_TARGET=1: each stream's rule counters steer generation (harness.stats.aim_at).
+#: HARNESS_TARGET=1: each stream's rule counters steer generation (harness.formats.rule_counters.aim_at).
 AIM = profiles.aiming()
 
 

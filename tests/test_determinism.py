@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.golden import recorded_crashes
+from harness.checks.golden import recorded_crashes
 
 ROOT = Path(__file__).resolve().parent.parent
 STREAMS = ROOT / "fixtures" / "streams"

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.paths import DOCS_DIR, ROOT
-from harness.stream import parse_stream
-from harness.trace import OPTIONAL_STEP_FIELDS, STEP_FIELDS, optional_fields
+from harness.formats.paths import DOCS_DIR, ROOT
+from harness.formats.stream import parse_stream
+from harness.formats.trace import OPTIONAL_STEP_FIELDS, STEP_FIELDS, optional_fields
 
 
 # ---------------------------------------------------------------------------
@@ -61,7 +61,7 @@ def _bounds(node, path=""):
 
 
 def test_bounds_table_lists_every_schema_bound():
-    from harness.stream import schema
+    from harness.formats.stream_schema import schema
     doc = (DOCS_DIR / "stream-format.md").read_text().split("## Bounds", 1)[1].split("\n## ", 1)[0]
     for path, bound in _bounds(schema()):
         assert f"{bound:,}" in doc, f"{path}: bound {bound:,} is not in docs/stream-format.md"
@@ -81,7 +81,7 @@ def _kv_index():
 
 
 def _recorded_event_traces() -> list[dict]:
-    from harness.paths import TRACES_DIR
+    from harness.formats.paths import TRACES_DIR
     traces = [json.loads(p.read_text()) for p in sorted(TRACES_DIR.glob("vllm-*/*.json"))]
     return [t for t in traces if t["stream"]["config"].get("kv_cache_events")]
 
@@ -306,7 +306,7 @@ def _json_blocks() -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("where,text", _json_blocks(), ids=[w for w, _ in _json_blocks()])
 def test_doc_json_block_is_valid(where, text):
-    from harness.stream import schema
+    from harness.formats.stream_schema import schema
     first = text.splitlines()[0].strip()
     try:
         data = json.loads(text)
@@ -357,7 +357,7 @@ def test_trace_format_examples_are_the_references_run():
     """The trace of trace-format.md's example and the step lines of stream-format.md's
     are what the reference gives (and vLLM, which the recorded traces hold to it)."""
     from harness.engines import get_engine
-    from harness.runner import run
+    from harness.loop.runner import run
     stream_data, trace = _json_blocks_after(DOCS_DIR / "trace-format.md", "\n## Example\n")
     assert run(get_engine("reference"), parse_stream(stream_data)).to_json()["steps"] == trace["steps"]
     shared_prefix = _json_blocks_after(DOCS_DIR / "stream-format.md", "\n## Example\n")[0]

@@ -212,7 +212,7 @@ def test_encoder_sizes_match_vllms_start_up(vllm_side, batched, budget, cache, l
     with chunked multimodal input off."""
     from harness.engines.reference_engine import reference_config
     from harness.engines.vllm_adapter import build_scheduler
-    from harness.stream import Config, Stream
+    from harness.formats.stream import Config, Stream
     from reference.scheduler import Scheduler
 
     config = Config(max_num_batched_tokens=batched, max_num_seqs=2, max_model_len=24,

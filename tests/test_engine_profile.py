@@ -1,4 +1,4 @@
-"""The conformance profile (harness.conformance_profile): per family of rules, how an
+"""The conformance profile (harness.jobs.engine_profile): per family of rules, how an
 engine fares, and which of vLLM's rules it breaks.
 
 Done-when of the plug-in issue: the worked example's profile names exactly the two
@@ -14,10 +14,10 @@ import sys
 
 import pytest
 
-from harness.conformance_profile import draw, profile
-from harness.diff import only_fields
-from harness.paths import ROOT
-from harness.properties import by_name
+from harness.jobs.engine_profile import draw, profile
+from harness.checks.diff import only_fields
+from harness.formats.paths import ROOT
+from harness.checks.properties import by_name
 
 EXAMPLE = "examples.simplified_pool:SimplifiedPoolEngine"
 REFERENCE = "harness.engines.reference_engine:ReferenceEngine"

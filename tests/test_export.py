@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 from referencing import Registry, Resource
 
-from harness.paths import ROOT, STREAMS_DIR, TRACES_DIR
+from harness.formats.paths import ROOT, STREAMS_DIR, TRACES_DIR
 
 pytestmark = [pytest.mark.xdist_group("export"), pytest.mark.slow]
 

@@ -33,7 +33,7 @@ import sys
 import pytest
 from packaging.version import Version
 
-from harness.paths import DOCS_DIR, ROOT
+from harness.formats.paths import DOCS_DIR, ROOT
 
 FINDINGS_DIR = DOCS_DIR / "findings"
 SCRIPTS = sorted(FINDINGS_DIR.glob("*.py"))
@@ -203,7 +203,7 @@ def test_newest_script_is_short_and_plain(script):
 @pytest.fixture(scope="module")
 def newest_env():
     """The environment of a process that runs the newest release from its overlay."""
-    from harness.sideenv import overlay_dir, overlay_environment
+    from harness.jobs.side_env import overlay_dir, overlay_environment
     if not (overlay_dir(NEWEST_RELEASE) / ".complete").exists():
         pytest.skip(f"no vLLM {NEWEST_RELEASE} overlay in .venvs/: run `make newest-env`")
     return overlay_environment(NEWEST_RELEASE)
@@ -242,7 +242,7 @@ def test_suggested_patch_makes_the_newest_script_pass(script, newest_env, tmp_pa
         pytest.skip("no `patch` program on this machine")
     text = finding_of(script)
     diff = text.split("\n#### Suggested patch", 1)[1].split("```diff\n", 1)[1].split("\n```", 1)[0]
-    from harness.sideenv import overlay_dir
+    from harness.jobs.side_env import overlay_dir
     overlay = overlay_dir(NEWEST_RELEASE)
     patched = tmp_path / overlay.name
     shutil.copytree(overlay, patched, symlinks=True, copy_function=os.symlink,

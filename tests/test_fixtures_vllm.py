@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.golden import recorded_crashes, recorded_verdicts
-from harness.runner import run
-from harness.stream import load_stream
-from harness.trace import COMPLETED, ENGINE_FAILURE
+from harness.checks.golden import recorded_crashes, recorded_verdicts
+from harness.loop.runner import run
+from harness.formats.stream import load_stream
+from harness.formats.trace import COMPLETED, ENGINE_FAILURE
 
 pytestmark = [pytest.mark.needs_vllm]
 

@@ -14,12 +14,14 @@ import sys
 import pytest
 from hypothesis import given, settings, strategies as hst
 
-from harness import fuzzer_race, profiles, stats
-from harness.conformance import Divergent
+from harness.jobs import fuzzer_race
+from harness.checks import profiles
+from harness.formats import rule_counters
+from harness.checks.conformance import Divergent
 from harness.engines import get_engine
-from harness.paths import ROOT, STREAMS_DIR
-from harness.runner import run
-from harness.stream import parse_stream
+from harness.formats.paths import ROOT, STREAMS_DIR
+from harness.loop.runner import run
+from harness.formats.stream import parse_stream
 
 pytestmark = pytest.mark.selftest
 
@@ -35,10 +37,10 @@ def test_aim_at_hands_each_counter_of_the_stream_to_hypothesis(monkeypatch):
     trace = reference_trace("fcfs_preempt_last_running")
     seen: dict[str, int] = {}
     monkeypatch.setattr("hypothesis.target", lambda value, label: seen.setdefault(label, value))
-    stats.aim_at(trace)
-    one = stats.Stats()
+    rule_counters.aim_at(trace)
+    one = rule_counters.Stats()
     one.add(trace)
-    assert seen == {key: one.counts[key] for key in stats.AIMED}
+    assert seen == {key: one.counts[key] for key in rule_counters.AIMED}
     assert seen["preemptions_fcfs"] > 0
 
 
@@ -48,7 +50,7 @@ def test_aim_at_is_accepted_inside_a_hypothesis_test():
     @settings(max_examples=3, database=None)
     @given(hst.just(None))
     def body(_):
-        stats.aim_at(trace)
+        rule_counters.aim_at(trace)
 
     body()
 
@@ -102,7 +104,7 @@ def test_each_method_runs_the_whole_space_property_its_own_way(tmp_path, monkeyp
         assert ("HARNESS_TARGET" in env) == (how == "targeted")
         assert str(fuzzer_race.HYPOFUZZ_ENV) in env.get("PYTHONPATH", "") or how != "hypofuzz"
         assert "whole_space" in fuzzer_race.command(how)
-    assert "harness.hypofuzz_run" in fuzzer_race.command("hypofuzz")
+    assert "harness.jobs.hypofuzz_run" in fuzzer_race.command("hypofuzz")
     assert "nightly" in fuzzer_race.command("hypothesis")
 
 
@@ -117,7 +119,7 @@ def test_the_table_counts_finds_per_method():
 
 
 def test_report_goes_between_its_markers(tmp_path):
-    from harness.bench import merge_report
+    from harness.jobs.bench import merge_report
     laps = [fuzzer_race.Lap("a", "hypothesis", True, 12, 3.4)]
     section = fuzzer_race.report_section(laps, 60, ("hypothesis",), "cmd", "machine")
     page = f"# P\n\nbefore\n\n{fuzzer_race.BEGIN}\nold\n{fuzzer_race.END}\n\nafter\n"
@@ -182,7 +184,7 @@ def test_a_hypofuzz_find_is_replayed_by_pytest(tmp_path):
                HARNESS_COUNTEREXAMPLES=str(tmp_path / "kept"))
     pytest_args = ["tests/test_conformance.py", "-k", "whole_space", "-p", "no:cacheprovider", "-q"]
     # With its one test failing HypoFuzz has nothing left to fuzz and ends by itself.
-    fuzz = subprocess.run([sys.executable, "-m", "harness.hypofuzz_run", "-n", "1",
+    fuzz = subprocess.run([sys.executable, "-m", "harness.jobs.hypofuzz_run", "-n", "1",
                            "--no-dashboard", "--", *pytest_args], cwd=ROOT, capture_output=True,
                           text=True, timeout=600,
                           env={**env, "PYTHONPATH": str(fuzzer_race.HYPOFUZZ_ENV)})

@@ -14,9 +14,9 @@ import json
 
 import pytest
 
-from harness.diff import report
-from harness.golden import StaleTrace, replay_one, verify
-from harness.paths import STREAMS_DIR, TRACES_DIR, golden_dir
+from harness.checks.diff import report
+from harness.checks.golden import StaleTrace, replay_one, verify
+from harness.formats.paths import STREAMS_DIR, TRACES_DIR, golden_dir
 from reference import releases
 
 RECORDED = [r for r in releases.RELEASES if golden_dir(r).is_dir()]

@@ -280,13 +280,13 @@ def test_full_stdout_is_one_line_and_exit_2(tmp_path):
 def test_full_disk_under_o_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
     import errno
 
-    from harness import paths
+    from harness.formats import paths
 
     def no_space(path, text):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
     monkeypatch.setattr(paths, "write_atomic", no_space)
-    monkeypatch.setattr("harness.runner.write_atomic", no_space)
+    monkeypatch.setattr("harness.loop.runner.write_atomic", no_space)
     stream = tmp_path / "s.json"
     stream.write_text(js(OK_STREAM))
     assert main(["trace", "--engine", "reference", str(stream), "-o", str(tmp_path / "out")]) == 2

@@ -354,8 +354,8 @@ def test_flash_tensor_packs_k_and_v_in_the_last_axis_from_0_26_0():
     import json
 
     from harness.engines.reference_engine import ReferenceEngine
-    from harness.paths import STREAMS_DIR
-    from harness.stream import parse_stream
+    from harness.formats.paths import STREAMS_DIR
+    from harness.formats.stream import parse_stream
     stream = parse_stream(json.loads((STREAMS_DIR / "kv_pool_from_memory.json").read_text()))
     shapes = {}
     for release in ("0.25.1", "0.26.0"):

@@ -5,7 +5,7 @@ get_kv_cache_configs / get_num_blocks / check_enough_kv_cache_memory /
 estimate_max_model_len as vLLM's start-up does and answers in plain values.
 It is imported inside the ``vl`` fixture so that collection works without vLLM.
 Every bundled model (``fixtures/models``) is checked as ``make conformance``
-checks it, through ``harness.kv_sizing_check``.
+checks it, through ``harness.checks.kv_sizing``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import re
 
 import pytest
 
-from harness import kv_sizing_check
-from harness.paths import MODELS_DIR
+from harness.checks import kv_sizing
+from harness.formats.paths import MODELS_DIR
 from reference.kv_sizing import (
     ModelShape,
     NotEnoughKVCacheMemory,
@@ -62,11 +62,11 @@ def _ref_shape(layers, heads, head_size, model_dtype, cache_dtype) -> ModelShape
 # --- the fixture model and the seed numbers ----------------------------------
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model_dir", kv_sizing_check.model_dirs(), ids=lambda p: p.name)
+@pytest.mark.parametrize("model_dir", kv_sizing.model_dirs(), ids=lambda p: p.name)
 def test_bundled_model_sizing_matches_vllm(vllm_engine, model_dir):
     """Shape, bytes per token, pages, one request's need and blocks per budget of each bundled
-    model: the checks ``make conformance`` prints (harness.kv_sizing_check)."""
-    diffs = kv_sizing_check.differences([model_dir])
+    model: the checks ``make conformance`` prints (harness.checks.kv_sizing)."""
+    diffs = kv_sizing.differences([model_dir])
     assert not diffs, "\n".join(c.line() for c in diffs)
 
 
@@ -263,7 +263,7 @@ def test_hybrid_model_is_sized_as_hybrid(vllm_engine, name):
 # --- a stream's pool: each engine sizes its own ----------------------------------------------
 
 def _memory_stream(memory: int):
-    from harness.stream import parse_stream
+    from harness.formats.stream import parse_stream
     return parse_stream({"config": {"block_size": 16, "max_model_len": 64,
                                     "max_num_batched_tokens": 64,
                                     "kv_cache_memory_bytes": memory},
@@ -273,9 +273,9 @@ def _memory_stream(memory: int):
 def test_a_memory_too_small_is_refused_by_both_start_ups_alike():
     """A memory one byte short of one max_model_len request (4 pages of Qwen2.5-0.5B) is a
     valid stream: vLLM's start-up refuses it, and so does the reference's, at step 0."""
-    from harness.diff import first_divergence
+    from harness.checks.diff import first_divergence
     from harness.engines import get_engine
-    from harness.runner import run
+    from harness.loop.runner import run
     page = 24 * 512 * 16
     stream = _memory_stream(4 * page - 1)
     vllm = run(get_engine("vllm"), stream).to_json()
@@ -291,10 +291,10 @@ def test_a_memory_too_small_is_refused_by_both_start_ups_alike():
 def test_a_sizing_mutant_is_a_divergence_not_an_invalid_stream():
     """The reference sizes its pool inside its own start-up, so a wrong rule of the cut
     (here: a partial page counted) shows in the trace's pool, not in stream validation."""
-    from harness.diff import first_divergence
+    from harness.checks.diff import first_divergence
     from harness.engines import get_engine
-    from harness.mutants.rules import MUTANTS
-    from harness.runner import run
+    from harness.checks.mutants import REFERENCE_MUTANTS as MUTANTS
+    from harness.loop.runner import run
     (mutant,) = [m for m in MUTANTS if m.name == "pool_pages_rounded_up"]
     stream = _memory_stream(10 * 24 * 512 * 16 + 5)
     vllm = run(get_engine("vllm"), stream).to_json()

@@ -11,50 +11,78 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
+from harness.formats.paths import ROOT
 
-from harness.paths import ROOT
+#: The folders of ``harness/``, lowest first.  A module imports only from folders below its
+#: own, or from lower layers of its own folder: formats know no engine, engines know no
+#: step loop, and the checks know no job.
+FOLDERS = ("formats", "engines", "loop", "checks", "jobs", "cli")
 
 LAYERS: list[tuple[str, ...]] = [
-    # foundations: files and atomic writes, the mutant record, named divergences, counters,
-    # hypothesis profiles
-    ("paths", "patches", "stats", "profiles", "text", "engines.findings"),
-    # side environments of other vLLM releases (no vLLM import); the sites of rules a run
-    # goes through; the reference rendered for one release
-    ("sideenv", "decided", "render"),
-    # the input format; the reference's mutants (they patch only the reference)
-    ("stream", "mutants.rules"),
-    # the engine interface, kept streams, vLLM's environment, engines plugged in by name
-    ("steps", "counterexamples", "engines.vllm_env", "engines.plugin"),
-    # the scripted model, traces, the reference engine, vLLM's moved API, the scripted
-    # KV connector inside vLLM, an engine in another process
-    ("model", "trace", "engines.reference_engine", "engines.vllm_compat",
-     "engines.vllm_connector", "engines.line_protocol"),
-    # the vLLM engine and its KV sizing; the step loop, the diff, the strategies
-    ("engines.vllm_adapter", "engines.vllm_kv_sizing", "runner", "diff", "strategies"),
+    # formats: files and atomic writes, aligned tables, rule counters, the mutant record
+    ("formats", "formats.paths", "formats.text", "formats.rule_counters", "formats.mutant"),
+    # the stream format: its JSON Schema, then its records and the rules across fields
+    ("formats.stream_schema",),
+    ("formats.stream",),
+    # the step records, kept streams, public request traces cut into streams
+    ("formats.steps", "formats.counterexamples", "formats.public_traces"),
+    # the scripted model, traces
+    ("formats.scripted_model", "formats.trace"),
+    # engines: the finding scripts, engines plugged in by name, the reference engine,
+    # vLLM's offline environment
+    ("engines.findings", "engines.plugin", "engines.reference_engine", "engines.vllm_env"),
+    # an engine in another process, vLLM's moved API, the scripted KV connector inside
+    # vLLM, vLLM's mutants
+    ("engines.line_protocol", "engines.vllm_compat", "engines.vllm_connector",
+     "engines.vllm_mutants"),
+    # the vLLM engine and its KV sizing
+    ("engines.vllm_adapter", "engines.vllm_kv_sizing"),
     # vLLM's own engine loop over the vLLM engine's parts; vLLM's scheduler in a bare loop
-    ("engines.vllm_core", "engines.vllm_bare"),
-    # engines by name (and vLLM's sizing by model), vLLM's mutants
-    ("engines", "engines.vllm_mutants"),
-    # public request traces as streams, what they ask of the KV cache, and the real-traffic
-    # property's strategy
-    ("workloads",),
-    # comparing engines, the KV sizing check, recorded traces, tables, the property
-    # registry, the mutant catalogue
-    ("conformance", "kv_sizing_check", "golden", "table", "properties", "mutants"),
-    # a campaign cut into chunks; where chunks run (this process, forked workers, Ray)
-    ("chunks",),
-    ("workers",),
-    # campaigns and the mutant hunt; an engine's conformance per family of rules
-    ("campaign", "reach", "upgrade", "capture", "conformance_profile"),
-    # the upgrade check from the base environment; the benchmark (it times campaigns);
-    # portable fixture sets (run inside a side environment when asked for another release);
-    # the page of rule changes release by release
-    ("upgrade_check", "mutants.hunt", "code_coverage", "bench", "export", "changelog"),
-    # the main job; the race of local fuzzers (it writes into the benchmark's report);
-    # HypoFuzz's command, mended
-    ("conformance_job", "fuzzer_race", "hypofuzz_run"),
-    # the command line
+    ("engines.vllm_bare", "engines.vllm_core"),
+    # engines by name
+    ("engines",),
+    # loop: one stream through engines, step by step
+    ("loop", "loop.runner"),
+    # checks: the diff, KV sizing, the seed table, hypothesis profiles, where rules are
+    # decided, the mutants' registry and the streams they apply to, the strategies' draws
+    ("checks", "checks.diff", "checks.kv_sizing", "checks.seed_table", "checks.profiles",
+     "checks.rule_watch", "checks.mutants.registry", "checks.mutants.applies",
+     "checks.strategies.draws"),
+    # comparing engines on one stream; recorded traces; the mutants by part of vLLM;
+    # configs
+    ("checks.conformance", "checks.golden", "checks.mutants.kv_cache",
+     "checks.mutants.scheduler", "checks.mutants.kv_sizing", "checks.mutants.equivalent",
+     "checks.mutants.inputs", "checks.mutants.engine_loop", "checks.mutants.releases",
+     "checks.strategies.configs"),
+    ("checks.mutants.reports", "checks.strategies.streams",
+     "checks.strategies.real_workloads"),
+    # the mutant catalogue; the strategies by family
+    ("checks.mutants", "checks.strategies.scheduling", "checks.strategies.kv_groups",
+     "checks.strategies.inputs"),
+    ("checks.strategies.engine_loop",),
+    ("checks.strategies.whole_space",),
+    ("checks.strategies",),
+    # the registry of conformance properties
+    ("checks.properties",),
+    # jobs: a campaign cut into chunks; captures; the page of rule changes; an engine's
+    # profile; HypoFuzz's command; rendered releases; the rule report; side environments;
+    # what streams ask of the KV cache
+    ("jobs", "jobs.chunks", "jobs.capture", "jobs.changelog", "jobs.engine_profile",
+     "jobs.hypofuzz_run", "jobs.render", "jobs.rule_report", "jobs.side_env",
+     "jobs.workload_report"),
+    # where chunks run; portable fixture sets; the upgrade check inside a newer release and
+    # from the base environment
+    ("jobs.workers", "jobs.export", "jobs.upgrade_campaign", "jobs.upgrade_check"),
+    # the fuzz campaign
+    ("jobs.campaign",),
+    # the benchmark, reach of vLLM's code, the main job, the mutant hunt
+    ("jobs.bench", "jobs.code_coverage", "jobs.main_job", "jobs.mutant_hunt"),
+    # the race of local fuzzers (it writes into the benchmark's report)
+    ("jobs.fuzzer_race",),
+    # cli: what the command line accepts, the commands, the parser
+    ("cli.arguments",),
+    ("cli.commands",),
+    ("cli.main",),
     ("cli",),
     ("__main__",),
 ]
@@ -106,6 +134,23 @@ def harness_imports(path: Path) -> set[str]:
 
 def layer_of() -> dict[str, int]:
     return {m: i for i, group in enumerate(LAYERS) for m in group}
+
+
+def folder_of(module: str) -> str:
+    """The folder a module lives in (``__main__`` sits above them all)."""
+    return module.split(".")[0] if module != "__main__" else "cli"
+
+
+def test_every_folder_is_a_band_of_layers():
+    """Each layer lies in one folder, and the folders come in FOLDERS' order: so an import
+    that points down a layer never points up a folder."""
+    order = [FOLDERS.index(folder_of(m)) for group in LAYERS for m in group]
+    assert order == sorted(order)
+    on_disk = {p.name for p in HARNESS.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert on_disk == set(FOLDERS)
+    loose = sorted(p.name for p in HARNESS.glob("*.py") if p.name not in ("__init__.py",
+                                                                          "__main__.py"))
+    assert not loose, f"modules outside the folders: {loose}"
 
 
 def test_every_module_has_a_layer():
@@ -176,4 +221,7 @@ def test_architecture_doc_lists_the_same_layers():
     doc = (ROOT / "docs" / "architecture.md").read_text()
     for i, group in enumerate(LAYERS):
         row = next((line for line in doc.splitlines() if line.startswith(f"| {i} |")), "")
-        assert sorted(m.strip("` ") for m in row.split("|")[2].split(",")) == sorted(group), i
+        cells = row.split("|")
+        assert sorted(m.strip("` ") for m in cells[3].split(",")) == sorted(group), i
+        assert cells[2].strip(" `/") == (folder_of(group[0]) if group[0] != "__main__"
+                                         else "(top)"), i

@@ -17,7 +17,7 @@ import pytest
 
 from harness.engines import UnknownEngine, get_engine
 from harness.engines.line_protocol import serve
-from harness.paths import DOCS_DIR, ROOT, STREAMS_DIR
+from harness.formats.paths import DOCS_DIR, ROOT, STREAMS_DIR
 
 PYTHON = sys.executable
 EXAMPLE = "examples.simplified_pool:SimplifiedPoolEngine"

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness import mutants
-from harness.mutants.hunt import hunt
-from harness.patches import Mutant
+from harness.checks import mutants
+from harness.jobs.mutant_hunt import hunt
+from harness.formats.mutant import Mutant
 
 pytestmark = [pytest.mark.selftest, pytest.mark.needs_vllm]
 
@@ -60,9 +60,9 @@ def test_no_mutant_kills_by_crashing_the_reference():
     no mutant may make it raise one of these.
     """
     from harness.engines import get_engine
-    from harness.paths import STREAMS_DIR
-    from harness.runner import run
-    from harness.stream import load_stream
+    from harness.formats.paths import STREAMS_DIR
+    from harness.loop.runner import run
+    from harness.formats.stream import load_stream
     streams = [load_stream(p) for p in sorted(STREAMS_DIR.glob("*.json"))]
     stale = []
     for m in mutants.REFERENCE_MUTANTS:

@@ -2,7 +2,7 @@
 and the console script points at the CLI.
 
 (Checked by hand once with ``pip wheel --no-deps .``: the wheel holds
-``harness/fixtures/{models,streams,traces}/...`` and ``harness/schemas/``.)
+``harness/fixtures/{models,streams,traces}/...`` and ``harness/formats/schemas/``.)
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import fnmatch
 import tomllib
 
-from harness.paths import FIXTURES_DIR, ROOT, STREAM_SCHEMA
+from harness.formats.paths import FIXTURES_DIR, ROOT, STREAM_SCHEMA
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 SETUPTOOLS = PYPROJECT["tool"]["setuptools"]
@@ -27,8 +27,8 @@ def test_fixtures_are_package_data():
 
 
 def test_schema_is_package_data():
-    rel = STREAM_SCHEMA.relative_to(ROOT / "harness" / "schemas").as_posix()
-    assert any(fnmatch.fnmatch(rel, g) for g in SETUPTOOLS["package-data"]["harness.schemas"])
+    rel = STREAM_SCHEMA.relative_to(ROOT / "harness" / "formats" / "schemas").as_posix()
+    assert any(fnmatch.fnmatch(rel, g) for g in SETUPTOOLS["package-data"]["harness.formats.schemas"])
 
 
 def test_every_harness_package_is_listed():

@@ -17,8 +17,8 @@ import pytest
 
 from harness.engines import UnknownEngine, get_engine
 from harness.engines.plugin import CORE, FEATURES, PluginError, load_plugin
-from harness.paths import ROOT, STREAMS_DIR, golden_dir
-from harness.stream import load_stream
+from harness.formats.paths import ROOT, STREAMS_DIR, golden_dir
+from harness.formats.stream import load_stream
 
 EXAMPLE = "examples.simplified_pool:SimplifiedPoolEngine"
 REFERENCE = "harness.engines.reference_engine:ReferenceEngine"
@@ -110,7 +110,7 @@ def test_the_core_methods_alone_replay_vllms_traces_of_the_streams_they_take(plu
     """Seven methods and the defaults (has_requests from num_unfinished) match vLLM on
     every recorded trace whose stream needs nothing more, except where vLLM still has
     finished requests to report (has_requests counts them)."""
-    from harness.golden import NotTaken, replay_one  # in-process: the module is in tmp_path
+    from harness.checks.golden import NotTaken, replay_one  # in-process: the module is in tmp_path
     matched = 0
     for path in sorted(golden_dir("0.11.0").glob("*.json")):
         try:

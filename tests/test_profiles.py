@@ -9,8 +9,8 @@ import sys
 import pytest
 from hypothesis import settings
 
-from harness import profiles
-from harness.paths import ROOT
+from harness.checks import profiles
+from harness.formats.paths import ROOT
 
 CI_VARIABLES = ["CI", "TF_BUILD", "BUILDKITE", "CIRCLECI", "CIRRUS_CI", "CODEBUILD_BUILD_ID",
                 "GITHUB_ACTIONS", "GITLAB_CI", "HEROKU_TEST_RUN_ID", "TEAMCITY_VERSION",
@@ -69,7 +69,7 @@ def test_pytest_picks_the_project_profile(args, extra_env, expected):
 
 @pytest.mark.needs_vllm
 def test_cli_fuzz_uses_the_profile(monkeypatch):
-    from harness.campaign import run_campaign
+    from harness.jobs.campaign import run_campaign
     before = getattr(settings, "_current_profile", None) or profiles.default()
     monkeypatch.setitem(profiles.PROFILES, "dev", {**profiles.PROFILES["dev"], "max_examples": 3})
     try:

@@ -1,4 +1,4 @@
-"""The rule report (harness.reach): no named rule is a blind spot of the ci profile.
+"""The rule report (harness.jobs.rule_report): no named rule is a blind spot of the ci profile.
 
 A rule is reached by a stream when its mutant changes the stream's trace in
 the reference.  The ci profile's streams (exactly those the conformance tests
@@ -14,12 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.mutants import REFERENCE_MUTANTS
-from harness.paths import STREAMS_DIR
-from harness.properties import PROPERTIES
-from harness.reach import (FLOOR, broken_skips, floor_message, named_rules, reach_of_profile,
+from harness.checks.mutants import REFERENCE_MUTANTS
+from harness.formats.paths import STREAMS_DIR
+from harness.checks.properties import PROPERTIES
+from harness.jobs.rule_report import (FLOOR, broken_skips, floor_message, named_rules, reach_of_profile,
                            rules_reached)
-from harness.stream import load_stream, parse_stream
+from harness.formats.stream import load_stream, parse_stream
 from reference import quirks
 
 pytestmark = pytest.mark.selftest
@@ -150,7 +150,7 @@ def test_targeted_properties_reach_their_targets(ci_reach):
 
 def test_counting_up_to_enough_caps_each_count_and_nothing_else():
     """enough=k: each rule's count is the full count capped at k (same streams)."""
-    from harness.properties import by_name
+    from harness.checks.properties import by_name
     props = [by_name("stops_and_aborts")]
     full = reach_of_profile("ci", properties=props, examples=25)
     capped = reach_of_profile("ci", properties=props, examples=25, enough=2)
@@ -168,8 +168,8 @@ def test_floor_names_the_rule_when_a_strategy_is_disabled(ci_reach):
     properties before mm_prefix_hits are read off it (they stayed below the floor, so
     none was cut); those after it are counted again, for this rule alone, uncut.
     """
-    from harness.properties import by_name
-    from harness.reach import Reach
+    from harness.checks.properties import by_name
+    from harness.jobs.rule_report import Reach
     rule = "mm_later_hashing_from_first_item"
     targeted = PROPERTIES.index(by_name("mm_prefix_hits"))
     before, after = PROPERTIES[:targeted], PROPERTIES[targeted + 1:]
@@ -196,7 +196,7 @@ def test_every_rule_is_judged_somewhere():
     after STREAM_JUDGED_UNTIL by that release's recorded traces alone (its mutant is
     killed by their replay: tests/test_releases.py), and so is the end of any rule change
     (its ``_kept`` mutant, by the replay of the release that undid it); nothing else."""
-    from harness.mutants.rules import STREAM_JUDGED_UNTIL
+    from harness.checks.mutants.releases import STREAM_JUDGED_UNTIL
     from reference.releases import order
     for rule in RULES.values():
         if rule.mutant.checked_by == "recorded traces":
@@ -221,7 +221,7 @@ def test_bundled_fixture_shows_its_rule(fixture):
           suppress_health_check=list(HealthCheck))
 @given(data=st.one_of(*[p.strategy() for p in PROPERTIES]))
 def test_skipped_runs_could_not_have_changed_the_trace(data):
-    """Mutant.applies and the watch (harness.decided): where either says a mutant cannot
+    """Mutant.applies and the watch (harness.checks.rule_watch): where either says a mutant cannot
     matter, the mutant changes nothing, and watching changes no trace."""
     assert broken_skips(parse_stream(data), list(RULES.values())) == []
 
@@ -230,7 +230,7 @@ def test_a_false_question_is_caught():
     """broken_skips can fail: a mutant whose replacement changes state, declared a
     question, makes the watched run differ (its replacement is called beside the site)."""
     import dataclasses
-    from harness.patches import Replacement
+    from harness.formats.mutant import Replacement
     rule = RULES["tokens_after_stop_kept"]
     p = rule.mutant.patch
     lying = dataclasses.replace(rule, mutant=dataclasses.replace(
@@ -244,7 +244,7 @@ def test_a_run_held_to_a_trace_stops_where_it_leaves_it():
     is the plain run; held to the trace of the unbroken rule, a mutant's run stops right
     after the first step that differs (verdict unlike)."""
     from harness.engines import get_engine
-    from harness.runner import UNLIKE, run
+    from harness.loop.runner import UNLIKE, run
     stream = load_stream(STREAMS_DIR / "seed_fcfs_preempt_recompute.json")
     engine = get_engine("reference")
     plain = run(engine, stream)

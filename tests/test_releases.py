@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from harness.mutants import REFERENCE_MUTANTS
-from harness.mutants.hunt import hunt
-from harness.paths import ROOT
+from harness.checks.mutants import REFERENCE_MUTANTS
+from harness.jobs.mutant_hunt import hunt
+from harness.formats.paths import ROOT
 from reference import releases
 
 
@@ -79,11 +79,11 @@ def test_each_rule_change_is_shown_by_a_recorded_trace_of_its_first_release():
     change can hide an earlier one on every bundled stream: 0.23.0 indexes no page of a
     one-token window, the only bundled case where 0.14.0's window_hits_skipped_at_admission
     shows.  The first release's traces keep testing it.)"""
-    from harness.diff import first_divergence
-    from harness.paths import golden_dir
+    from harness.checks.diff import first_divergence
+    from harness.formats.paths import golden_dir
     from harness.engines.reference_engine import ReferenceEngine
-    from harness.runner import run
-    from harness.stream import parse_stream
+    from harness.loop.runner import run
+    from harness.formats.stream import parse_stream
     recorded = [r for r in releases.RELEASES if golden_dir(r).is_dir()]
     for change in releases.CHANGES:
         if change.name in NOT_SHOWN_YET:
@@ -99,7 +99,7 @@ def test_each_rule_change_is_shown_by_a_recorded_trace_of_its_first_release():
 @pytest.mark.slow
 def test_the_changelog_page_is_written_from_the_releases():
     """docs/upgrades/changelog.md is what ``python -m harness changelog`` writes now."""
-    from harness import changelog
+    from harness.jobs import changelog
     assert changelog.PAGE.read_text() == changelog.text(), "run: python -m harness changelog"
     for change in releases.CHANGES:
         assert f"**`{change.name}`**" in changelog.PAGE.read_text()
@@ -116,9 +116,9 @@ def test_a_batch_the_worker_is_done_with_waits_for_a_full_queue_from_0_23_0():
     the worker is done at once in step 0, so up to 0.22.1 the step applies its batch and
     a and b emit in it; from 0.23.0 the queue of two is not full, so they emit a step later."""
     from harness.engines import get_engine
-    from harness.paths import STREAMS_DIR
-    from harness.runner import run
-    from harness.stream import load_stream
+    from harness.formats.paths import STREAMS_DIR
+    from harness.loop.runner import run
+    from harness.formats.stream import load_stream
     stream = load_stream(STREAMS_DIR / "async_worker_done_at_once.json")
     before = run(get_engine("reference", release="0.22.1"), stream).to_json()["steps"]
     after = run(get_engine("reference", release="0.23.0"), stream).to_json()["steps"]
@@ -131,9 +131,9 @@ def test_window_cap_on_every_allocation_fails_the_engine_in_0_20_0_and_0_20_1():
     free.  0.20.0 and 0.20.1 count its window page as none (its table is as long as the
     admission cap) and fail taking it; 0.20.2 counts it and preempts r1."""
     from harness.engines import get_engine
-    from harness.paths import STREAMS_DIR
-    from harness.runner import run
-    from harness.stream import load_stream
+    from harness.formats.paths import STREAMS_DIR
+    from harness.loop.runner import run
+    from harness.formats.stream import load_stream
     cap = releases.change("window_cap_on_every_allocation")
     assert [cap.in_effect(r) for r in ("0.19.1", "0.20.0", "0.20.1", "0.20.2", "0.21.0")] \
         == [False, True, True, False, False]

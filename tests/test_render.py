@@ -1,4 +1,4 @@
-"""The rendered releases (harness/render.py, docs/releases/): each is the reference.
+"""The rendered releases (harness/jobs/render.py, docs/releases/): each is the reference.
 
 A release's rendered modules replace ``reference/`` in a fresh process and replay every
 recorded trace of that release exactly; a rendering with one rule answered wrong does
@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-from harness import render
-from harness.paths import ROOT, TRACES_DIR
+from harness.jobs import render
+from harness.formats.paths import ROOT, TRACES_DIR
 from reference import releases
 
 RECORDED = sorted((p.name.removeprefix("vllm-") for p in TRACES_DIR.glob("vllm-*")),
@@ -33,7 +33,7 @@ def replay_rendered(files: dict[str, str], release: str, tmp_path) -> subprocess
     shutil.copy(render.REFERENCE_DIR / "releases.py", package)  # the registry the engine reads
     code = ("import sys\nfrom pathlib import Path\nimport reference\n"
             f"assert Path(reference.__file__).parent == Path({str(package)!r})\n"
-            "from harness.golden import replay\n"
+            "from harness.checks.golden import replay\n"
             f"sys.exit(replay(Path({str(TRACES_DIR / f'vllm-{release}')!r})))\n")
     return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
                           text=True, timeout=600,

@@ -1,4 +1,4 @@
-"""The stream strategies of harness/strategies.py: always valid, and able to reach every rule.
+"""The stream strategies of harness/checks/strategies.py: always valid, and able to reach every rule.
 
 Two kinds of tests, as Hypothesis tests its own strategies:
 
@@ -25,17 +25,17 @@ from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from harness import strategies as S
+from harness.checks import strategies as S
 from harness.engines import get_engine
-from harness.properties import PROPERTIES
-from harness.runner import run
-from harness.stream import (OPTIONAL_CONFIG_FIELDS, Config, Stream, parse_drawn_stream,
+from harness.checks.properties import PROPERTIES
+from harness.loop.runner import run
+from harness.formats.stream import (OPTIONAL_CONFIG_FIELDS, Config, Stream, parse_drawn_stream,
                             parse_stream)
 
 pytestmark = pytest.mark.selftest
-from harness.trace import Trace
+from harness.formats.trace import Trace
 
-# Every property's strategy (harness.properties), plus the general one.
+# Every property's strategy (harness.checks.properties), plus the general one.
 STRATEGIES: dict[str, Callable[[], st.SearchStrategy]] = {
     "streams": S.streams, **{p.strategy.__name__: p.strategy for p in PROPERTIES}}
 
@@ -53,7 +53,7 @@ QUALITY = settings(max_examples=1500, deadline=None, database=None, phases=[Phas
 def check_stream_dict(data: dict[str, Any], real: bool = False) -> Stream:
     """Every property a generated stream dict must have; returns the parsed stream.
     ``real``: a window of a real trace, whose tokens, arrivals and step limit come from
-    the trace (harness.workloads.real_workload_streams), so only validity is checked."""
+    the trace (harness.checks.strategies.real_workloads.real_workload_streams), so only validity is checked."""
     assert json.loads(json.dumps(data)) == data, "not plain JSON"
     stream = parse_stream(data)
     # The conformance tests, campaigns and rule report parse drawn streams without the
@@ -312,7 +312,7 @@ def test_crowds_have_64_or_more_requests_sometimes():
     assert len({r.get("arrival_step", 0) for r in found["requests"]}) <= 3
 
 
-# -- strategies built once per argument list (harness.strategies._memoized) ------------------
+# -- strategies built once per argument list (harness.checks.strategies._memoized) ------------------
 
 def test_memoized_constructors_hand_back_the_strategy_built_before():
     assert S.st.integers(1, 5) is S.st.integers(1, 5)
@@ -359,7 +359,7 @@ def test_later_release_rules_are_decided(strategy, rule, fewest):
     a fair share of the strategy's streams, so that ``pytest -k conformance`` on that
     release or a later one holds vLLM to it (and a reference that ignored the rule would
     decide none)."""
-    from harness.diff import first_divergence
+    from harness.checks.diff import first_divergence
     from harness.engines.reference_engine import ReferenceEngine
     from reference import releases
 

@@ -12,8 +12,8 @@ from dataclasses import fields
 
 import pytest
 
-from harness.paths import ROOT
-from harness.stream import OPTIONAL_CONFIG_FIELDS, OPTIONAL_REQUEST_FIELDS, Config, RequestSpec, canonical_json, parse_stream
+from harness.formats.paths import ROOT
+from harness.formats.stream import OPTIONAL_CONFIG_FIELDS, OPTIONAL_REQUEST_FIELDS, Config, RequestSpec, canonical_json, parse_stream
 from stream_builders import MINIMAL, req, stream
 
 
@@ -108,7 +108,7 @@ MINIMAL_SHA256 = "d00e3a6126279cfc120b44f168bcff39e9a9b0ad5d9f4ef5cc2ffba2ea9c8a
 
 
 def test_sha256_stable_across_processes():
-    code = ("import json,sys; from harness.stream import parse_stream; "
+    code = ("import json,sys; from harness.formats.stream import parse_stream; "
             "print(parse_stream(json.loads(sys.argv[1])).sha256())")
     here = parse_stream(copy.deepcopy(MINIMAL)).sha256()
     for seed in ("0", "12345"):

@@ -1,4 +1,4 @@
-"""The JSON Schema (harness/schemas/stream.schema.json) agrees with the parser and the dataclasses."""
+"""The JSON Schema (harness/formats/schemas/stream.schema.json) agrees with the parser and the dataclasses."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from dataclasses import MISSING, fields
 
 import pytest
 
-from harness.paths import STREAM_SCHEMA, STREAMS_DIR
-from harness.stream import Config, RequestSpec, Stream, StreamError, load_stream, parse_stream
+from harness.formats.paths import STREAM_SCHEMA, STREAMS_DIR
+from harness.formats.stream import Config, RequestSpec, Stream, StreamError, load_stream, parse_stream
 from stream_builders import MINIMAL, req, stream
 
 SCHEMA_PATH = STREAM_SCHEMA
@@ -17,7 +17,7 @@ FIXTURE_STREAMS = sorted(STREAMS_DIR.glob("*.json"))
 
 
 # ---------------------------------------------------------------------------
-# JSON Schema (harness/schemas/stream.schema.json)
+# JSON Schema (harness/formats/schemas/stream.schema.json)
 # ---------------------------------------------------------------------------
 
 VALID_STREAMS = [

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from harness.stream import Stream, StreamError, load_stream, parse_stream
+from harness.formats.stream import Stream, StreamError, load_stream, parse_stream
 from stream_builders import SMALL, rejects, req, stream
 
 
@@ -816,7 +816,7 @@ def test_a_memory_too_small_for_one_request_is_left_to_the_engines_start_up():
 
 def test_a_drawn_stream_is_held_to_every_cross_field_rule():
     """parse_drawn_stream (the strategies' data) skips only the schema's walk."""
-    from harness.stream import parse_drawn_stream
+    from harness.formats.stream import parse_drawn_stream
     with pytest.raises(StreamError, match=r"prompt: length 32 must be < max_model_len \(32\)"):
         parse_drawn_stream(stream(requests=[req(prompt=list(range(32)))]))
     data = stream(requests=[req(prompt=list(range(31)), output=[1])])

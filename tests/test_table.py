@@ -13,11 +13,11 @@ import re
 import pytest
 
 from harness.engines import get_engine
-from harness.mutants import find
-from harness.paths import STREAMS_DIR
-from harness.runner import run
-from harness.stream import load_stream
-from harness.table import render
+from harness.checks.mutants import find
+from harness.formats.paths import STREAMS_DIR
+from harness.loop.runner import run
+from harness.formats.stream import load_stream
+from harness.checks.seed_table import render
 
 pytestmark = pytest.mark.needs_vllm
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness import sideenv, upgrade_check
+from harness.jobs import side_env, upgrade_check
 from harness.cli import main
 
 
@@ -46,7 +46,7 @@ def test_a_bad_stream_of_the_users_folder_is_refused_before_any_download(tmp_pat
 @pytest.mark.needs_vllm
 def test_an_upgrade_from_a_later_release_turns_its_changes_over():
     """From 0.11.1, a change 0.11.1 has is tried by taking it away, one it lacks by adding it."""
-    from harness.upgrade import Checker
+    from harness.jobs.upgrade_campaign import Checker
     from reference import releases
     checker = Checker("0.13.0", old="0.11.1")
     assert checker.base.rules == releases.rules_of("0.11.1")
@@ -58,12 +58,12 @@ def test_an_upgrade_from_a_later_release_turns_its_changes_over():
 
 @pytest.mark.parametrize("version", ["0.12.0", "0.11.2", "0.10.1.post1", "1.0.0rc1"])
 def test_release_numbers_are_accepted(version):
-    assert sideenv.check_version(version) == version
+    assert side_env.check_version(version) == version
 
 
 def test_a_release_that_cannot_be_had_is_exit_3_with_a_report(tmp_path, monkeypatch, capsys):
     def no_wheel(version, log=print):
-        raise sideenv.SideEnvError("vllm==9.9.9: No matching distribution found for vllm==9.9.9")
+        raise side_env.SideEnvError("vllm==9.9.9: No matching distribution found for vllm==9.9.9")
 
     monkeypatch.setattr(upgrade_check, "ensure_overlay", no_wheel)
     code = upgrade_check.upgrade_check("9.9.9", examples=10, seed=1, out=tmp_path, record=False)
@@ -106,7 +106,7 @@ def test_the_summary_of_a_report(tmp_path):
 
 def test_the_overlay_environment_puts_the_release_first(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", "/somewhere")
-    env = sideenv.overlay_environment("0.12.0")
+    env = side_env.overlay_environment("0.12.0")
     parts = env["PYTHONPATH"].split(":")
     assert parts[0].endswith(".venvs/vllm-0.12.0") and parts[-1] == "/somewhere"
     assert env["VLLM_CACHE_ROOT"].endswith(".venvs/cache/0.12.0")
@@ -245,7 +245,7 @@ class TestShims:
 
     def test_the_built_config_keeps_synchronous_scheduling(self, compat):
         from harness.engines.vllm_adapter import build_vllm_config
-        from harness.stream import Config
+        from harness.formats.stream import Config
         vc, _ = build_vllm_config(Config())
         assert vc.scheduler_config.async_scheduling is False
 
@@ -419,7 +419,7 @@ class TestShims:
 
     def test_0_11_0_needs_no_shim(self, compat):
         from harness.engines.vllm_adapter import build_scheduler
-        from harness.stream import Config
+        from harness.formats.stream import Config
         build_scheduler(Config())
         assert compat.DETECTED == []
         assert "block_size" not in inspect.signature(compat.Scheduler.__init__).parameters
@@ -439,23 +439,23 @@ def test_a_release_the_engine_fails_on_is_listed_as_not_drivable(tmp_path):
 def test_a_crash_the_old_release_had_too_is_the_same_not_could_not_run(tmp_path):
     """vLLM crashing on a quirk's stream as 0.11.0 did is behaviour the check compares:
     the installed 0.11.0 against its own recorded traces gives "same"."""
-    from harness import upgrade
-    from harness.paths import STREAMS_DIR
+    from harness.jobs import upgrade_campaign
+    from harness.formats.paths import STREAMS_DIR
     for name in ("sliding_window_null_page_cached", "lora_slots_overfilled_after_a_skip"):
         (tmp_path / f"{name}.json").write_text((STREAMS_DIR / f"{name}.json").read_text())
-    results = upgrade.check_bundled(upgrade.Checker("0.11.0"), {}, tmp_path)
+    results = upgrade_campaign.check_bundled(upgrade_campaign.Checker("0.11.0"), {}, tmp_path)
     assert [(r.name, r.outcome, r.conforms) for r in results] == [
-        ("lora_slots_overfilled_after_a_skip", upgrade.SAME, True),
-        ("sliding_window_null_page_cached", upgrade.SAME, True)]
+        ("lora_slots_overfilled_after_a_skip", upgrade_campaign.SAME, True),
+        ("sliding_window_null_page_cached", upgrade_campaign.SAME, True)]
 
 
 def test_an_unexplained_difference_is_named_by_its_first_field_against_the_release_rules():
     """Not by its first difference from 0.11.0, which a known rule change may explain."""
     import copy
 
-    from harness.runner import run
-    from harness.stream import parse_stream
-    from harness.upgrade import Checker
+    from harness.loop.runner import run
+    from harness.formats.stream import parse_stream
+    from harness.jobs.upgrade_campaign import Checker
 
     stream = parse_stream({"config": {"block_size": 4, "num_gpu_blocks": 16,
                                       "max_num_batched_tokens": 16, "max_num_seqs": 4,
@@ -472,10 +472,10 @@ def test_an_unexplained_difference_is_named_by_its_first_field_against_the_relea
 def test_the_report_names_the_old_release_in_its_stream_table_after_an_example():
     """The table's header says which release the streams were compared with, even after
     a cause's example has been shown side by side (it once printed that example's trace)."""
-    from harness.runner import run
-    from harness.stream import parse_stream
+    from harness.loop.runner import run
+    from harness.formats.stream import parse_stream
     from harness.engines.reference_engine import ReferenceEngine
-    from harness.upgrade import BundledResult, CampaignResult, Cause, report_text
+    from harness.jobs.upgrade_campaign import BundledResult, CampaignResult, Cause, report_text
 
     data = {"config": {"block_size": 4, "num_gpu_blocks": 16, "max_num_batched_tokens": 16,
                        "max_num_seqs": 4, "max_model_len": 32},
@@ -496,9 +496,9 @@ def test_the_report_names_the_old_release_in_its_stream_table_after_an_example()
 @pytest.mark.slow
 @pytest.mark.needs_vllm
 def test_the_campaign_is_the_same_on_one_process_and_on_forked_workers():
-    """Chunked as harness.chunks cuts a fuzz campaign: the same streams, counters and
+    """Chunked as harness.jobs.chunks cuts a fuzz campaign: the same streams, counters and
     examples whatever number of processes checks them."""
-    from harness.upgrade import Checker, campaign
+    from harness.jobs.upgrade_campaign import Checker, campaign
 
     # The installed 0.11.0 as an "upgrade" from 0.11.1: differences with named causes.
     checker = Checker("0.12.0", old="0.11.1")
@@ -520,10 +520,10 @@ def test_the_campaign_draws_without_the_constants_of_loaded_modules(monkeypatch)
     campaign, and ~12 s of parsing per process.  The campaign pins that pool empty."""
     from hypothesis.internal.conjecture import providers
 
-    from harness.chunks import Chunk
+    from harness.jobs.chunks import Chunk
     from harness.engines.reference_engine import ReferenceEngine
-    from harness.runner import run
-    from harness.upgrade import check_chunk
+    from harness.loop.runner import run
+    from harness.jobs.upgrade_campaign import check_chunk
 
     scanned = []
     monkeypatch.setattr(providers, "_harness_pinned", False)
@@ -541,7 +541,7 @@ def test_a_stream_no_change_explains_alone_is_named_by_the_fewest_changes_that_d
     that a run asks about."""
     from types import SimpleNamespace
 
-    from harness import upgrade
+    from harness.jobs import upgrade_campaign
 
     class Engine(SimpleNamespace):
         def to_json(self):
@@ -553,9 +553,9 @@ def test_a_stream_no_change_explains_alone_is_named_by_the_fewest_changes_that_d
         runs.append(engine.rules)
         return engine
 
-    monkeypatch.setattr(upgrade, "run", fake_run)
-    monkeypatch.setattr(upgrade, "first_divergence", lambda x, y: None if x == y else "differs")
-    checker = object.__new__(upgrade.Checker)
+    monkeypatch.setattr(upgrade_campaign, "run", fake_run)
+    monkeypatch.setattr(upgrade_campaign, "first_divergence", lambda x, y: None if x == y else "differs")
+    checker = object.__new__(upgrade_campaign.Checker)
     checker.candidates = ["a", "b", "c", "d", "e"]
     checker.base = Engine(rules=frozenset({"e"}))
     checker.target = Engine(rules=frozenset({"a", "b", "c", "d", "e"}))
@@ -572,18 +572,18 @@ def test_a_stream_no_change_explains_alone_is_named_by_the_fewest_changes_that_d
 
 def test_the_examples_shrunk_in_forked_workers_come_back_to_their_causes(monkeypatch):
     """Shrinking two causes at a time gives each cause the example its own shrink made."""
-    from harness import upgrade
+    from harness.jobs import upgrade_campaign
 
     def fake_shrink(checker, cause, seconds):
         cause.example = {"shrunk": cause.key[0], "by": checker}
         cause.shrunk, cause.example_size = True, (1, len(cause.key[0]))
 
-    monkeypatch.setattr(upgrade, "shrink", fake_shrink)
+    monkeypatch.setattr(upgrade_campaign, "shrink", fake_shrink)
     results = []
     for workers in (1, 2):
-        causes = {(n,): upgrade.Cause((n,), example={"big": n}) for n in ("ab", "c", "def")}
-        causes[("none",)] = upgrade.Cause(("none",))  # no example: nothing to shrink
-        upgrade.shrink_all("checker", causes, 1.0, workers)
+        causes = {(n,): upgrade_campaign.Cause((n,), example={"big": n}) for n in ("ab", "c", "def")}
+        causes[("none",)] = upgrade_campaign.Cause(("none",))  # no example: nothing to shrink
+        upgrade_campaign.shrink_all("checker", causes, 1.0, workers)
         results.append({k: (c.example, c.shrunk, c.example_size) for k, c in causes.items()})
     assert results[0] == results[1]
     assert results[1][("def",)] == ({"shrunk": "def", "by": "checker"}, True, (1, 3))
@@ -602,10 +602,10 @@ def test_a_rule_change_a_run_never_asks_about_leaves_the_run_as_it_was(name):
     change the run did not ask about gives the same trace, and the run asks about the
     changes its stream was written for."""
     from harness.engines.reference_engine import ReferenceEngine
-    from harness.paths import STREAMS_DIR
-    from harness.runner import run
-    from harness.stream import load_stream
-    from harness.upgrade import Checker
+    from harness.formats.paths import STREAMS_DIR
+    from harness.loop.runner import run
+    from harness.formats.stream import load_stream
+    from harness.jobs.upgrade_campaign import Checker
     from reference import releases
 
     stream = load_stream(STREAMS_DIR / f"{name}.json")
@@ -638,9 +638,9 @@ def test_a_victim_that_keeps_its_grant_keeps_its_grammar_row_in_grant_order():
     but not the grants, so it keeps its row; the reference must not skip the grammar
     part for want of a constrained request in the batch."""
     from harness.engines.reference_engine import ReferenceEngine
-    from harness.paths import STREAMS_DIR
-    from harness.runner import run
-    from harness.stream import parse_stream
+    from harness.formats.paths import STREAMS_DIR
+    from harness.loop.runner import run
+    from harness.formats.stream import parse_stream
 
     data = json.loads((STREAMS_DIR / "priority_preempt_already_scheduled_quirk.json").read_text())
     data["requests"][0]["structured_output"] = {"ready_step": 0, "rejected_tokens": [9]}

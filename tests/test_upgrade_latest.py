@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import sideenv, upgrade, upgrade_check
-from harness.cli import build_parser, main
-from harness.paths import ROOT
+from harness.jobs import side_env, upgrade_campaign, upgrade_check
+from harness.cli.main import build_parser, main
+from harness.formats.paths import ROOT
 from reference import releases
 
 WORKFLOW = ROOT / "docs" / "ci" / "upgrade-watch.yml"
@@ -57,7 +57,7 @@ def test_a_release_newer_than_the_newest_described_is_checked_against_its_rules(
     assert taken.line == (f"upgrade-check latest: took vLLM 0.99.0, the newest release on the "
                           f"index ({INDEX}), newer than the newest the reference describes "
                           f"({NEWEST}): checked against {NEWEST}'s rules")
-    # the rules harness.upgrade's Checker takes for it, as for any undescribed release
+    # the rules harness.jobs.upgrade_campaign's Checker takes for it, as for any undescribed release
     assert releases.newest_described("0.99.0") == NEWEST
 
 
@@ -124,7 +124,7 @@ def test_bad_input_is_exit_2_before_the_index_is_asked(args, message, monkeypatc
 
 def test_an_index_that_does_not_answer_is_one_line_and_exit_3(monkeypatch, capsys):
     def unreachable(package: str = "vllm", timeout: float = 0):
-        raise sideenv.IndexUnavailable("cannot reach the package index: [Errno -2] Name or "
+        raise side_env.IndexUnavailable("cannot reach the package index: [Errno -2] Name or "
                                        "service not known")
     monkeypatch.setattr(upgrade_check, "newest_release", unreachable)
     calls = _no_check(monkeypatch)
@@ -153,15 +153,15 @@ def test_real_pip_on_an_index_that_is_not_there_is_one_line(monkeypatch):
     monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{_closed_port()}/simple")
     monkeypatch.setenv("PIP_RETRIES", "0")
     monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
-    with pytest.raises(sideenv.IndexUnavailable) as err:
-        sideenv.newest_release(timeout=60)
+    with pytest.raises(side_env.IndexUnavailable) as err:
+        side_env.newest_release(timeout=60)
     assert str(err.value) == (f"cannot reach the package index {os.environ['PIP_INDEX_URL']}: "
                               "[Errno 111] Connection refused")
 
 
 def _pip_answers(monkeypatch, returncode: int = 0, stderr: str = "", report: dict | None = None,
                  raises: Exception | None = None) -> list[list[str]]:
-    """subprocess.run in harness.sideenv: pip's stand-in, writing ``report`` to --report."""
+    """subprocess.run in harness.jobs.side_env: pip's stand-in, writing ``report`` to --report."""
     seen: list[list[str]] = []
 
     def run(cmd, **kwargs):
@@ -171,7 +171,7 @@ def _pip_answers(monkeypatch, returncode: int = 0, stderr: str = "", report: dic
         if report is not None:
             Path(cmd[cmd.index("--report") + 1]).write_text(json.dumps(report))
         return types.SimpleNamespace(returncode=returncode, stdout="", stderr=stderr)
-    monkeypatch.setattr(sideenv.subprocess, "run", run)
+    monkeypatch.setattr(side_env.subprocess, "run", run)
     return seen
 
 
@@ -184,7 +184,7 @@ def test_the_newest_release_is_what_pip_would_install_here(monkeypatch):
     seen = _pip_answers(monkeypatch, report=_report(
         "0.35.0", "https://user:secret@files.example.org/packages/vllm-0.35.0-cp38-abi3-"
                   "manylinux_2_28_x86_64.whl#sha256=00"))
-    assert sideenv.newest_release() == ("0.35.0", "https://files.example.org")
+    assert side_env.newest_release() == ("0.35.0", "https://files.example.org")
     [cmd] = seen
     assert cmd[:3] == [sys.executable, "-m", "pip"]
     # pip's own choice: no pre-release or yanked release, a wheel for this machine, nothing
@@ -198,7 +198,7 @@ def test_the_newest_release_is_what_pip_would_install_here(monkeypatch):
 def test_a_release_from_a_local_folder_is_named_by_its_folder(monkeypatch):
     _pip_answers(monkeypatch, report=_report("0.35.0", "file:///opt/wheels/vllm-0.35.0-cp38-"
                                                        "abi3-manylinux_2_28_x86_64.whl"))
-    assert sideenv.newest_release() == ("0.35.0", "/opt/wheels")
+    assert side_env.newest_release() == ("0.35.0", "/opt/wheels")
 
 
 REFUSED = ("WARNING: Retrying (Retry(total=0, connect=None, read=None, redirect=None, "
@@ -232,8 +232,8 @@ OLD_PIP = "\nUsage: pip install [options] ...\n\nno such option: --dry-run\n"
 ])
 def test_what_pip_says_when_it_finds_no_release_is_one_line(stderr, message, monkeypatch):
     _pip_answers(monkeypatch, returncode=1, stderr=stderr)
-    with pytest.raises(sideenv.IndexUnavailable) as err:
-        sideenv.newest_release()
+    with pytest.raises(side_env.IndexUnavailable) as err:
+        side_env.newest_release()
     assert str(err.value) == message
 
 
@@ -243,22 +243,22 @@ def test_what_pip_says_when_it_finds_no_release_is_one_line(stderr, message, mon
 ])
 def test_a_pip_that_does_not_answer_is_one_line(raises, message, monkeypatch):
     _pip_answers(monkeypatch, raises=raises)
-    with pytest.raises(sideenv.IndexUnavailable) as err:
-        sideenv.newest_release(timeout=120)
+    with pytest.raises(side_env.IndexUnavailable) as err:
+        side_env.newest_release(timeout=120)
     assert str(err.value).startswith(message)
 
 
 @pytest.mark.parametrize("report", [{"version": "1", "install": []}, None])
 def test_a_pip_report_that_names_no_release_is_one_line(report, monkeypatch):
     _pip_answers(monkeypatch, report=report)
-    with pytest.raises(sideenv.IndexUnavailable, match="pip named no release"):
-        sideenv.newest_release()
+    with pytest.raises(side_env.IndexUnavailable, match="pip named no release"):
+        side_env.newest_release()
 
 
 def test_a_newest_release_the_harness_cannot_take_is_named(monkeypatch):
     _pip_answers(monkeypatch, report=_report("1.0.0.1", f"{INDEX}/vllm-1.0.0.1.whl"))
-    with pytest.raises(sideenv.IndexUnavailable, match=r"'1.0.0.1', is not a release number"):
-        sideenv.newest_release()
+    with pytest.raises(side_env.IndexUnavailable, match=r"'1.0.0.1', is not a release number"):
+        side_env.newest_release()
 
 
 # -- --fail-on unexplained: pass when every cause is named, fail on what is not -----------
@@ -268,7 +268,7 @@ def _checker(target: str = NEWEST) -> types.SimpleNamespace:
 
 
 def _causes(*keys: tuple[str, ...]) -> dict:
-    return {k: upgrade.Cause(k, count=1) for k in keys}
+    return {k: upgrade_campaign.Cause(k, count=1) for k in keys}
 
 
 NAMED = ("every_uncached_page_reused_first",)
@@ -276,28 +276,28 @@ UNEXPLAINED = ("unexplained", "new_block_ids")
 
 
 @pytest.mark.parametrize("bundled, camp, causes, code, ends", [
-    ([upgrade.BundledResult("a", upgrade.SAME)], upgrade.CampaignResult(10, 1, same=10, conform=10),
+    ([upgrade_campaign.BundledResult("a", upgrade_campaign.SAME)], upgrade_campaign.CampaignResult(10, 1, same=10, conform=10),
      {}, 0, f"no divergence; the reference with {NEWEST}'s rules exact: passes --fail-on "
             "unexplained"),
-    ([upgrade.BundledResult("a", upgrade.DIFFERENT, NAMED)],
-     upgrade.CampaignResult(10, 1, same=4, different=6, conform=10), _causes(NAMED), 0,
+    ([upgrade_campaign.BundledResult("a", upgrade_campaign.DIFFERENT, NAMED)],
+     upgrade_campaign.CampaignResult(10, 1, same=4, different=6, conform=10), _causes(NAMED), 0,
      "1 cause(s) of divergence, every one a named rule change; the reference with "
      f"{NEWEST}'s rules exact: passes --fail-on unexplained"),
-    ([upgrade.BundledResult("a", upgrade.DIFFERENT, UNEXPLAINED, conforms=False)],
-     upgrade.CampaignResult(10, 1, same=10, conform=10), _causes(NAMED, UNEXPLAINED), 1,
+    ([upgrade_campaign.BundledResult("a", upgrade_campaign.DIFFERENT, UNEXPLAINED, conforms=False)],
+     upgrade_campaign.CampaignResult(10, 1, same=10, conform=10), _causes(NAMED, UNEXPLAINED), 1,
      "2 cause(s) of divergence; 1 unexplained (first difference in 'new_block_ids'); the "
      f"reference with {NEWEST}'s rules not exact: fails --fail-on unexplained"),
-    ([upgrade.BundledResult("a", upgrade.SAME)],
-     upgrade.CampaignResult(10, 1, same=4, different=6, conform=9), _causes(NAMED), 1,
+    ([upgrade_campaign.BundledResult("a", upgrade_campaign.SAME)],
+     upgrade_campaign.CampaignResult(10, 1, same=4, different=6, conform=9), _causes(NAMED), 1,
      f"1 cause(s) of divergence; the reference with {NEWEST}'s rules not exact: fails "
      "--fail-on unexplained"),
-    ([upgrade.BundledResult("a", upgrade.COULD_NOT_RUN, detail="TypeError")],
-     upgrade.CampaignResult(0, 1), {}, 1,
+    ([upgrade_campaign.BundledResult("a", upgrade_campaign.COULD_NOT_RUN, detail="TypeError")],
+     upgrade_campaign.CampaignResult(0, 1), {}, 1,
      "no divergence; 1 stream(s) could not run (a): fails --fail-on unexplained"),
 ])
 def test_fail_on_unexplained_passes_only_when_every_cause_is_named(bundled, camp, causes, code,
                                                                    ends):
-    got, line = upgrade.verdict("0.99.0", _checker(), bundled, camp, causes)
+    got, line = upgrade_campaign.verdict("0.99.0", _checker(), bundled, camp, causes)
     assert (got, line) == (code, f"verdict: vLLM 0.99.0 against 0.11.0: {ends}")
 
 

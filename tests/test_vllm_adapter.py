@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.stream import parse_stream
+from harness.formats.stream import parse_stream
 from tests.stream_builders import req, stream
 
 pytestmark = [pytest.mark.needs_vllm]

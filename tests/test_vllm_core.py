@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 
-from harness import strategies as st
-from harness.diff import first_divergence
-from harness.golden import read_trace
-from harness.paths import golden_dir
-from harness.runner import run
-from harness.stream import load_stream, parse_stream
+from harness.checks import strategies as st
+from harness.checks.diff import first_divergence
+from harness.checks.golden import read_trace
+from harness.formats.paths import golden_dir
+from harness.loop.runner import run
+from harness.formats.stream import load_stream, parse_stream
 from tests.stream_builders import stream as stream_dict
 
 pytestmark = [pytest.mark.needs_vllm]
@@ -103,7 +103,7 @@ def test_a_step_loop_that_reports_transfers_late_is_caught(core_engine, monkeypa
     """The executor's transfer reports are compared with the step loop's: an executor
     that reports every transfer a step late is stopped at the first report."""
     import harness.engines.vllm_core as vllm_core
-    from harness.steps import TransferReports
+    from harness.formats.steps import TransferReports
 
     class Late(TransferReports):
         def due(self, step):

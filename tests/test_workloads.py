@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from harness import cli
-from harness.paths import FIXTURES_DIR
-from harness.stream import load_stream, parse_stream
-from harness.workloads import (ImportOptions, WorkloadError, build_streams, read_trace,
-                               round_half_up, run_usage, smallest_pool, window_starts,
-                               with_pool, workload_report)
+from harness.formats.paths import FIXTURES_DIR
+from harness.formats.stream import load_stream, parse_stream
+from harness.formats.public_traces import (ImportOptions, WorkloadError, build_streams,
+                                           read_trace, round_half_up, window_starts)
+from harness.jobs.workload_report import run_usage, smallest_pool, with_pool, workload_report
 
 SAMPLES = FIXTURES_DIR / "workloads"
 MOONCAKE = SAMPLES / "mooncake_conversation.jsonl"
@@ -318,7 +318,7 @@ def test_workload_json_and_the_pool_it_finds(small_dir, capsys):
     assert cli.main(["workload", str(small_dir), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)["streams"]
     from harness.engines import get_engine
-    from harness.runner import run
+    from harness.loop.runner import run
     engine = get_engine("reference")
     for row in report:
         stream = load_stream(small_dir / f"{row['name']}.json")
@@ -391,7 +391,7 @@ def test_smallest_pool_holds_on_vllm(vllm_engine):
 def test_docs_example_is_real(tmp_path):
     """docs/workloads.md's example: the import's lines and the workload table are what the
     commands print (run into a temporary folder instead of /tmp/mooncake)."""
-    from harness.paths import DOCS_DIR, ROOT
+    from harness.formats.paths import DOCS_DIR, ROOT
     page = (DOCS_DIR / "workloads.md").read_text()
     shown = {}
     for block in page.split("```")[1::2]:
@@ -417,7 +417,7 @@ def test_smallest_pool_is_where_every_larger_pool_runs_clean():
     real_mooncake_smallest_pool and real_mooncake_one_page_fewer hold 92 and 91 on every
     recorded release)."""
     from harness.engines import get_engine
-    from harness.paths import STREAMS_DIR
+    from harness.formats.paths import STREAMS_DIR
     engine = get_engine("reference", release="0.11.0")
     stream = load_stream(STREAMS_DIR / "real_mooncake_smallest_pool.json")
     search = smallest_pool(stream, engine)
@@ -430,7 +430,7 @@ def test_smallest_pool_is_where_every_larger_pool_runs_clean():
 def test_a_campaign_of_real_workloads_draws_windows_of_the_samples():
     """``fuzz --property real_workloads``: the chunks draw that property's streams (the
     importer's request ids, each request's arrival step), not the whole space's."""
-    from harness.chunks import chunks_of, given_campaign
+    from harness.jobs.chunks import chunks_of, given_campaign
     assert {c.property for c in chunks_of(120, 0, prop="real_workloads")} == {"real_workloads"}
     seen: list[dict] = []
 

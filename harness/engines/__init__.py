@@ -2,8 +2,8 @@
 
 Everything that imports ``vllm`` or ``torch`` lives in this package:
 
-* :mod:`harness.steps` -- the engine interface and the one translation
-  of a scheduler output into the engine-neutral :class:`~harness.steps.Scheduled`;
+* :mod:`harness.formats.steps` -- the engine interface and the one translation
+  of a scheduler output into the engine-neutral :class:`~harness.formats.steps.Scheduled`;
 * :mod:`harness.engines.reference_engine` -- the clean-room reference (never imports vLLM);
 * :mod:`harness.engines.vllm_adapter` -- vLLM's real scheduler, instrumented;
 * :mod:`harness.engines.vllm_core` -- vLLM's real ``EngineCore`` over a scripted executor

@@ -30,9 +30,9 @@ import sys
 from dataclasses import asdict, fields
 from typing import IO, Any
 
-from harness.steps import RequestState, Scheduled
+from harness.formats.steps import RequestState, Scheduled
 from harness.engines.plugin import CORE, FEATURES, Plugged
-from harness.stream import Stream, parse_stream
+from harness.formats.stream import Stream, parse_stream
 
 PROTOCOL = 1
 

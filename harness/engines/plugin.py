@@ -1,11 +1,11 @@
 """Engines from outside the harness, plugged in by name: ``--engine module:Class``.
 
 A plug-in is a class, importable from the current folder or the import path, whose
-instances implement the engine interface of :mod:`harness.steps`; it is
+instances implement the engine interface of :mod:`harness.formats.steps`; it is
 built once per process with no arguments and reset by ``start(stream)`` for every
 stream, as the harness's own engines are.  ``schedule()`` returns a
-:class:`~harness.steps.Scheduled`, ``state(req_id)`` a
-:class:`~harness.steps.RequestState` (docs/engine-interface.md).
+:class:`~harness.formats.steps.Scheduled`, ``state(req_id)`` a
+:class:`~harness.formats.steps.RequestState` (docs/engine-interface.md).
 
 Seven methods make an engine (:data:`CORE`).  Every other method belongs to a
 feature of the stream format; an engine without it does not take the streams
@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from harness.stream import Stream
+from harness.formats.stream import Stream
 
 #: The methods every plugged-in engine has.
 CORE = ("start", "add", "schedule", "update", "state", "num_unfinished", "num_free_blocks")

@@ -18,10 +18,10 @@ from reference.scheduler import Scheduler
 from reference.slot_mapping import WorkerBlockTable
 from reference.structured_output import Grammar
 
-from harness.steps import (NEW, RESUMED, RUNNING, ConnectorScript, Handed, HashNumbers,
+from harness.formats.steps import (NEW, RESUMED, RUNNING, ConnectorScript, Handed, HashNumbers,
                                   Observed, RequestState, Scheduled, kv_cache_header,
                                   kv_event_records, stats_record, to_scheduled)
-from harness.stream import RequestSpec, Stream, kv_cache_layout, largest_mm_item, lora_ids
+from harness.formats.stream import RequestSpec, Stream, kv_cache_layout, largest_mm_item, lora_ids
 from reference.arith import cdiv
 
 def reference_config(stream: Stream, rules: frozenset[str] = frozenset()) -> Config:

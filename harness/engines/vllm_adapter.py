@@ -3,7 +3,7 @@
 An upgrade to another vLLM version should touch this file only: it builds
 vLLM's config and ``Scheduler`` offline from ``fixtures/models/<model>``,
 creates ``Request`` objects, turns ``SchedulerOutput`` into the engine-neutral
-:class:`~harness.steps.Scheduled`, and installs the hooks that see
+:class:`~harness.formats.steps.Scheduled`, and installs the hooks that see
 what ``SchedulerOutput`` does not carry:
 
 * preemptions, in order: ``KVCacheManager.free`` called inside ``schedule()``
@@ -79,12 +79,12 @@ from vllm.v1.structured_output.backend_types import StructuredOutputGrammar  # n
 
 from harness.engines import vllm_compat as compat  # noqa: E402
 from harness.engines import vllm_connector  # noqa: E402
-from harness.steps import (NEW, RESUMED, RUNNING, ConnectorScript, Handed,  # noqa: E402
+from harness.formats.steps import (NEW, RESUMED, RUNNING, ConnectorScript, Handed,  # noqa: E402
                                   HashNumbers, Observed, RequestState, Scheduled,
                                   kv_cache_header, kv_event_records, stats_record,
                                   to_scheduled)
-from harness.paths import MODELS_DIR  # noqa: E402
-from harness.stream import Config, RequestSpec, Stream, largest_mm_item, lora_ids  # noqa: E402
+from harness.formats.paths import MODELS_DIR  # noqa: E402
+from harness.formats.stream import Config, RequestSpec, Stream, largest_mm_item, lora_ids  # noqa: E402
 from reference.arith import cdiv  # noqa: E402
 
 vllm_env.quiet_vllm_logs()

@@ -5,7 +5,7 @@ through one stream with nothing the harness adds: no hooks, no worker block tabl
 trace, no second engine.  Each step is ``schedule()``, a ``ModelRunnerOutput`` carrying
 the stream's scripted tokens, ``update_from_output()`` and, with speculative decoding,
 the scripted drafts; arrivals, aborts and prefix-cache resets come at the stream's steps,
-as in :mod:`harness.runner`.
+as in :mod:`harness.loop.runner`.
 
 It takes the streams a plain synchronous serving loop could run: not async scheduling,
 pipeline stages, a KV connector or structured output (:func:`refuses` says why).
@@ -23,8 +23,8 @@ from vllm.v1.request import Request, RequestStatus
 from harness.engines import vllm_compat as compat
 from harness.engines.vllm_adapter import (POOLED, build_scheduler, mm_features,
                                           pages_from_memory, pooling_params, sampling_params)
-from harness.model import accepted_prefix
-from harness.stream import Stream, largest_mm_item, lora_ids
+from harness.formats.scripted_model import accepted_prefix
+from harness.formats.stream import Stream, largest_mm_item, lora_ids
 
 
 def refuses(stream: Stream) -> str | None:

@@ -3,7 +3,7 @@
 ``ScriptedConnector`` is a real ``KVConnectorBase_V1`` subclass that vLLM's
 ``KVConnectorFactory`` loads by name from ``KVTransferConfig.kv_connector_module_path``,
 as it loads any out-of-tree connector.  Its scheduler side answers from the
-stream's script (:class:`harness.steps.ConnectorScript`, found through
+stream's script (:class:`harness.formats.steps.ConnectorScript`, found through
 ``kv_connector_extra_config["script"]``), the same script the reference's
 connector asks, and logs every call.  Its worker side is never built: the
 harness runs no model, and the worker's report (loads and sends done) is
@@ -17,7 +17,7 @@ from harness.engines import vllm_env  # noqa: F401  (before vLLM is imported)
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
     KVConnectorBase_V1, KVConnectorMetadata)
 
-from harness.steps import ConnectorScript  # noqa: E402
+from harness.formats.steps import ConnectorScript  # noqa: E402
 
 #: The class name and module vLLM's factory loads.
 CONNECTOR = "ScriptedConnector"

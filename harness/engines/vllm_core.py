@@ -22,7 +22,7 @@ scheduler as vLLM's engine does" is checked rather than assumed:
   done at once only in the stream's ``async_ready_steps``, otherwise when
   EngineCore waits for it, so at most one batch is on the "worker" while the next
   is scheduled.  Which batch EngineCore applies in a step is compared with the
-  step loop's own rule (:func:`harness.runner._batch_queue_step`);
+  step loop's own rule (:func:`harness.loop.runner._batch_queue_step`);
 * with ``pipeline_parallel_size`` > 1 the executor reports that many concurrent
   batches, and EngineCore runs vLLM's synchronous ``Scheduler`` under the same
   batch queue;
@@ -34,7 +34,7 @@ takes the class as ``executor_class``).  It runs no model: it reports one
 attention layer spec per model layer and free memory for exactly the stream's
 ``num_gpu_blocks`` pages, from which vLLM computes the pool (checked), and
 answers ``execute_model`` with the scripted model's tokens
-(:mod:`harness.model`), the same function the step loop calls, so the two
+(:mod:`harness.formats.scripted_model`), the same function the step loop calls, so the two
 answers are compared every step.
 
 Images: EngineCore builds the scheduler class the config names; for a stream
@@ -78,13 +78,13 @@ from vllm.v1.engine.core import EngineCore  # noqa: E402
 from vllm.v1.executor.abstract import Executor  # noqa: E402
 from vllm.v1.outputs import DraftTokenIds  # noqa: E402
 
-from harness import model  # noqa: E402
+from harness.formats import scripted_model  # noqa: E402
 from harness.engines import vllm_compat as compat  # noqa: E402
-from harness.steps import Scheduled, TransferReports, nothing_scheduled  # noqa: E402
+from harness.formats.steps import Scheduled, TransferReports, nothing_scheduled  # noqa: E402
 from harness.engines.vllm_adapter import (VllmEngine, build_vllm_config,  # noqa: E402
                                           kv_cache_config, layer_specs, mm_features, pooling_params,
                                           sampling_params, scheduler_stats)
-from harness.stream import Stream, largest_mm_item  # noqa: E402
+from harness.formats.stream import Stream, largest_mm_item  # noqa: E402
 
 #: The V1 scheduler's qualified name; 0.11.0's SchedulerConfig defaults to V0's,
 #: which EngineArgs replaces before EngineCore reads it.
@@ -396,7 +396,7 @@ class VllmCoreEngine(VllmEngine):
         """``execute_model``: the scripted model's answer to what was scheduled, with the
         worker's report of the KV transfers done by this step."""
         self._scheduled = self.translate(scheduler_output)
-        self._sampled = model.sample(self._scheduled, self.by_id)
+        self._sampled = scripted_model.sample(self._scheduled, self.by_id)
         recving, sending = [], []
         if self.transfers is not None:
             calls = self.script.take_calls()  # aborts and schedule() so far

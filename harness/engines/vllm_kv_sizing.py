@@ -1,7 +1,7 @@
 """vLLM's own start-up KV sizing, called on the CPU and answered in plain values.
 
 The reference's ``reference.kv_sizing`` is compared with these answers
-(``tests/test_kv_sizing_conformance.py``, ``harness.kv_sizing_check`` in ``make
+(``tests/test_kv_sizing_conformance.py``, ``harness.checks.kv_sizing`` in ``make
 conformance``), and the seed table of a vLLM run takes its KB figures from
 them.  vLLM's objects are built offline: one ``FullAttentionSpec`` per layer,
 a ``VllmConfig`` from a bundled model config (only ``max_model_len`` and the

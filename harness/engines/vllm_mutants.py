@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 
 from harness.engines import vllm_env  # noqa: F401  (before vLLM is imported)
-from harness.patches import (BLOCK_POOL, SCHED_UTILS, SINGLE_TYPE, Mutant,
+from harness.formats.mutant import (BLOCK_POOL, SCHED_UTILS, SINGLE_TYPE, Mutant,
                              replace)
 from vllm.v1.core import kv_cache_utils
 from vllm.v1.core import single_type_kv_cache_manager as stm

@@ -1,0 +1,34 @@
+"""Mutants: one-rule deviations that the conformance run must catch.
+
+The catalogue is the reference's mutants, each registered right above the function that
+replaces its rule, in modules by the part of vLLM they break (:mod:`.kv_cache`,
+:mod:`.scheduler`, :mod:`.kv_sizing`, :mod:`.equivalent`, :mod:`.inputs`,
+:mod:`.reports`, :mod:`.engine_loop`, and :mod:`.releases` for the rule changes of later
+releases), and vLLM's (:mod:`harness.engines.vllm_mutants`, patches of the real package
+that stand in for an upgrade).  :mod:`harness.jobs.mutant_hunt` runs the properties
+against each.
+"""
+
+from __future__ import annotations
+
+# Imported in this order, the modules register their mutants in the catalogue's order.
+from harness.checks.mutants import kv_cache, scheduler, kv_sizing, equivalent  # noqa: F401,I001
+from harness.checks.mutants import inputs, reports, engine_loop, releases  # noqa: F401,I001
+from harness.checks.mutants.registry import MUTANTS as REFERENCE_MUTANTS
+from harness.formats.mutant import Mutant
+
+
+def catalogue(include_vllm: bool = True) -> list[Mutant]:
+    """Every mutant; vLLM's only when asked (they import vLLM)."""
+    if not include_vllm:
+        return list(REFERENCE_MUTANTS)
+    from harness.engines.vllm_mutants import MUTANTS as VLLM_MUTANTS
+    return REFERENCE_MUTANTS + VLLM_MUTANTS
+
+
+def find(name: str) -> Mutant | None:
+    """The mutant called ``name``; vLLM's are looked at only when no reference one matches."""
+    for m in REFERENCE_MUTANTS:
+        if m.name == name:
+            return m
+    return next((m for m in catalogue() if m.name == name), None)

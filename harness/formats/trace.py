@@ -1,0 +1,151 @@
+"""Traces: what an engine decided at every step, as canonical JSON.
+
+The format is documented in ``docs/trace-format.md``.  A trace is
+deterministic: the same stream gives the same bytes in every run and process
+(keys sorted, no timestamps, no hash values).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.formats.steps import RequestState, Scheduled
+from harness.formats.stream import Stream, canonical_json
+
+COMPLETED = "completed"
+MAX_STEPS = "max_steps"
+ENGINE_FAILURE = "engine_failure"
+
+# Fields of a step record that are compared between engines, in report order.
+STEP_FIELDS = (
+    "scheduled", "computed_before", "new_block_ids", "preempted", "finished", "prefix_hit_tokens",
+    "spec_tokens", "emitted", "num_computed_tokens", "status", "free_blocks",
+    "evicted", "slots", "prefix_cache_reset", "set_aside", "grammar_index", "bitmask_rows",
+    "encoder_inputs", "encoder_frees", "stats", "kv_events", "kv_connector",
+    "updated", "output_placeholders",
+)
+
+
+#: Step fields that only streams using a feature carry (see optional_fields).
+OPTIONAL_STEP_FIELDS = frozenset({"set_aside", "grammar_index", "bitmask_rows",
+                                  "encoder_inputs", "encoder_frees", "stats", "kv_events",
+                                  "kv_connector", "updated", "output_placeholders"})
+
+
+def optional_fields(stream: Stream) -> frozenset[str]:
+    """The step fields only streams using a feature carry (so that the traces of streams
+    written before the feature keep their bytes): ``set_aside`` with LoRA adapters,
+    structured output or a KV connector, ``grammar_index`` and ``bitmask_rows`` with structured output,
+    ``encoder_inputs`` and ``encoder_frees`` with multimodal inputs, ``stats`` with
+    ``log_stats``, ``kv_events`` with ``kv_cache_events``, ``kv_connector`` with
+    ``kv_role``, ``updated`` and ``output_placeholders`` with ``async_scheduling``,
+    ``updated`` with ``pipeline_parallel_size`` > 1."""
+    fields = set()
+    if stream.config.kv_role is not None or any(
+            r.lora is not None or r.structured_output is not None for r in stream.requests):
+        fields.add("set_aside")
+    if any(r.structured_output is not None for r in stream.requests):
+        fields |= {"grammar_index", "bitmask_rows"}
+    if any(r.mm_inputs for r in stream.requests):
+        fields |= {"encoder_inputs", "encoder_frees"}
+    if stream.config.log_stats:
+        fields.add("stats")
+    if stream.config.kv_cache_events:
+        fields.add("kv_events")
+    if stream.config.kv_role is not None:
+        fields.add("kv_connector")
+    if stream.config.async_scheduling:
+        fields |= {"updated", "output_placeholders"}
+    if stream.config.pipeline_parallel_size > 1:
+        fields.add("updated")
+    return frozenset(fields)
+
+
+@dataclass
+class Trace:
+    engine: str
+    vllm_version: str
+    stream: Stream
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    verdict: str = ""
+    failure: dict[str, Any] | None = None
+    # The pool start-up made of kv_cache_memory_bytes (Engine.kv_cache_header); None
+    # for a stream that gives num_gpu_blocks (its traces keep their bytes).
+    kv_cache: dict[str, Any] | None = None
+
+    def complete(self) -> None:
+        self.verdict = COMPLETED
+
+    def fail(self, step: int, message: str, verdict: str = ENGINE_FAILURE) -> None:
+        self.verdict = verdict
+        self.failure = {"step": step, "message": message}
+
+    def to_json(self) -> dict[str, Any]:
+        out = {
+            "engine": self.engine,
+            "vllm_version": self.vllm_version,
+            "stream": self.stream.to_json(),
+            "stream_sha256": self.stream.sha256(),
+            "verdict": self.verdict,
+            "failure": self.failure,
+            "steps": self.steps,
+        }
+        if self.kv_cache is not None:
+            out["kv_cache"] = self.kv_cache
+        return out
+
+    def dumps(self) -> str:
+        return canonical_json(self.to_json())
+
+
+def step_record(step: int, s: Scheduled, emitted: dict[str, list[int]],
+                states: dict[str, RequestState], free_blocks: int,
+                prefix_cache_reset: bool | None,
+                optional: frozenset[str] = frozenset(),
+                stats: dict[str, Any] | None = None,
+                kv_events: list[dict] | None = None,
+                kv_connector: dict[str, Any] | None = None,
+                updated: int | None = None) -> dict[str, Any]:
+    """One step of a trace, as plain JSON-able data (``optional``: see optional_fields;
+    ``stats`` and ``kv_events``: see harness.formats.steps.Engine.stats and .kv_events;
+    ``kv_connector``: the connector's calls and the worker's transfer report;
+    ``updated``: async scheduling, the step whose batch's output this step applied)."""
+    record = {
+        "step": step,
+        "scheduled": [[rid, n] for rid, n in s.scheduled],
+        "computed_before": dict(s.computed_before),
+        "new_block_ids": {rid: [list(g) for g in groups] for rid, groups in s.new_block_ids.items()},
+        "preempted": list(s.preempted),
+        "finished": sorted(s.finished),
+        "prefix_hit_tokens": dict(s.prefix_hit_tokens),
+        "spec_tokens": {rid: list(t) for rid, t in s.spec_tokens.items()},
+        "emitted": {rid: list(t) for rid, t in emitted.items()},
+        "num_computed_tokens": {rid: st.num_computed_tokens for rid, st in states.items()},
+        "status": {rid: st.status for rid, st in states.items()},
+        "free_blocks": free_blocks,
+        "evicted": list(s.evicted),
+        "slots": {rid: [list(r) for r in ranges] for rid, ranges in s.slots.items()},
+        "prefix_cache_reset": prefix_cache_reset,
+    }
+    if optional:
+        given = {"stats": stats, "kv_events": kv_events, "kv_connector": kv_connector,
+                 "updated": updated}
+        record.update((k, given[k] if k in given else _FROM_STEP[k](s, states))
+                      for k in _OPTIONAL_ORDER if k in optional)
+    return record
+
+
+#: The optional fields made from the step's Scheduled record and the requests' states.
+_FROM_STEP = {
+    "set_aside": lambda s, states: list(s.set_aside),
+    "grammar_index": lambda s, states: dict(s.grammar_index),
+    "bitmask_rows": lambda s, states: [list(r) for r in s.bitmask_rows],
+    "encoder_inputs": lambda s, states: {rid: list(ids) for rid, ids in s.encoder_inputs.items()},
+    "encoder_frees": lambda s, states: list(s.encoder_frees),
+    "output_placeholders": lambda s, states: {rid: st.num_output_placeholders
+                                              for rid, st in states.items()},
+}
+#: The optional fields in the order a step record holds them.
+_OPTIONAL_ORDER = tuple(f for f in STEP_FIELDS if f in OPTIONAL_STEP_FIELDS)
+
