@@ -135,6 +135,7 @@ DOC_PAGES = [ROOT / "README.md", *sorted(DOCS_DIR.glob("*.md"))]
 
 #: Commands run as written from the repository root (cheap, no vLLM): their exit code.
 RUN = {
+    ".venv/bin/python -m harness table fixtures/streams/seed_eos_4_1_1.json --engine reference": 0,
     ".venv/bin/python -m harness --help": 0,
     ".venv/bin/python -m harness check --help": 0,
     ".venv/bin/python -m harness --version": 0,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+from pathlib import Path
 
 import pytest
 
@@ -205,3 +206,68 @@ def test_a_misspelt_ask_is_caught(tmp_path):
     assert unknown_asks([module]) == [
         "misspelt.py:2: has('window_hits_skiped_at_admission')",
         "misspelt.py:2: has('name'): not a string literal"]
+
+
+# -- one home per rule change: the record says where it applies ----------------------------
+
+def ask_sites(paths) -> dict[str, set[str]]:
+    """For each change asked about in ``paths``: the functions that ask, as
+    ``module.Class.function``."""
+    sites: dict[str, set[str]] = {}
+
+    def visit(node, path: Path, qual: list[str]) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                visit(child, path, qual + [child.name])
+                continue
+            for sub in ast.walk(child):
+                if (isinstance(sub, ast.Call) and len(sub.args) == 1
+                        and (getattr(sub.func, "id", None) or getattr(sub.func, "attr", None))
+                        == "has" and isinstance(sub.args[0], ast.Constant)):
+                    sites.setdefault(sub.args[0].value, set()).add(".".join([path.stem] + qual))
+
+    for path in paths:
+        visit(ast.parse(path.read_text()), path, [])
+    return sites
+
+
+def test_each_record_names_the_functions_that_ask_about_it():
+    """``applies_in`` is where a reader finds the change in the reference: exactly the
+    functions that ask about it."""
+    sites = ask_sites(ASKING)
+    wrong = {c.name: (sorted(c.applies_in), sorted(sites.get(c.name, ())))
+             for c in releases.CHANGES if set(c.applies_in) != sites.get(c.name, set())}
+    assert not wrong, "applies_in (record, asked in): " + repr(wrong)
+
+
+def test_the_site_finder_can_fail(tmp_path):
+    module = tmp_path / "rules.py"
+    module.write_text("class S:\n    def step(self, config):\n"
+                      "        if config.has('a'):\n            return has('b')\n"
+                      "def top(config):\n    return [config.has('a') for _ in ()]\n")
+    assert ask_sites([module]) == {"a": {"rules.S.step", "rules.top"}, "b": {"rules.S.step"}}
+
+
+def test_each_record_names_the_vllm_file_it_mirrors():
+    bad = [c.name for c in releases.CHANGES
+           if not (c.mirrors.startswith("vllm/") and c.mirrors.endswith(".py"))]
+    assert not bad, f"no vLLM file named: {bad}"
+
+
+def test_the_streams_a_change_matters_on_are_named_features():
+    from harness.checks.mutants.applies import predicate
+    for c in releases.CHANGES:
+        predicate(c.matters_on)  # raises on a word that names no feature
+    with pytest.raises(ValueError, match="'windows' is not a feature of a stream"):
+        predicate("encoder and (windows or batch_queue)")
+    assert predicate("") is None
+
+
+def test_the_mutants_take_their_files_and_streams_from_the_records():
+    """No table of the harness's own: a change's mutants mirror its record's file, and
+    apply exactly where its record's ``matters_on`` says."""
+    by_name = {m.name: m for m in REFERENCE_MUTANTS}
+    for c in releases.CHANGES:
+        m = by_name[f"{c.name}_dropped"]
+        assert m.mirrors == c.mirrors
+        assert (m.applies is None) == (c.matters_on == "")

@@ -60,7 +60,10 @@ def entry(change: releases.RuleChange) -> list[str]:
     where = (f" Shown by the bundled stream `{shown[0]}` "
              f"([vLLM {shown[1]}'s trace](../../fixtures/traces/vllm-{shown[1]}/{shown[0]}.json))."
              if shown else " No recorded trace shows it yet.")
-    return [f"* **`{change.name}`** ({pr}). {change.summary}{undone}{where}"]
+    home = (f" In vLLM: `{change.mirrors}`; in the reference: "
+            + ", ".join(f"`{f}`" for f in change.applies_in)
+            + (f"; matters on streams with {change.matters_on}." if change.matters_on else "."))
+    return [f"* **`{change.name}`** ({pr}). {change.summary}{undone}{home}{where}"]
 
 
 def text() -> str:

@@ -444,7 +444,8 @@ COMMITTED = (releases.RELEASES[0], releases.RELEASES[-1])
 def _change_line(c: releases.RuleChange) -> str:
     pr = f"vLLM PR {c.pr}" if c.pr else "PR not identified"
     undone = f"; undone in {c.until}" if c.until else ""
-    return f"* `{c.name}` ({c.since}{undone}; {pr}): {c.summary}"
+    return (f"* `{c.name}` ({c.since}{undone}; {pr}; `{c.mirrors}`): {c.summary}  In the "
+            f"reference: {', '.join(f'`{f}`' for f in c.applies_in)}.")
 
 
 def diff_page(old: str, new: str) -> str:

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import ast
+from typing import Any, Callable
+
 
 def drafts(s) -> bool:
     return s.config.num_speculative_tokens > 0
@@ -195,3 +198,58 @@ def pipeline_parallel(s) -> bool:
 
 def batch_queue(s) -> bool:
     return s.config.batch_queue
+
+
+def aborts(s) -> bool:
+    return any(r.abort_step is not None for r in s.requests)
+
+
+def events_asked(s) -> bool:
+    return s.config.kv_cache_events
+
+
+def uses_eagle(s) -> bool:
+    return s.config.uses_eagle
+
+
+def lone_group(s) -> bool:
+    return s.config.kv_cache_groups is not None and len(s.config.kv_cache_groups) == 1
+
+
+def prompt_logprobs(s) -> bool:
+    return any(r.prompt_logprobs is not None for r in s.requests)
+
+
+def threshold_above_model_len(s) -> bool:
+    return s.config.long_prefill_token_threshold > s.config.max_model_len
+
+
+def predicate(words: str) -> Callable[[Any], bool] | None:
+    """The predicate a rule change's ``matters_on`` names: the features above joined by
+    ``and``, ``or`` and ``not`` (``"(sliding or chunked_local) and batch_queue"``); None
+    for "" (any stream).  A word that names no feature raises ValueError."""
+    if not words:
+        return None
+    tree = ast.parse(words, mode="eval").body
+
+    def build(node) -> Callable[[Any], bool]:
+        if isinstance(node, ast.BoolOp):
+            parts = [build(v) for v in node.values]
+            if isinstance(node.op, ast.And):
+                return lambda s: all(p(s) for p in parts)
+            return lambda s: any(p(s) for p in parts)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            inner = build(node.operand)
+            return lambda s: not inner(s)
+        if isinstance(node, ast.Name) and node.id in FEATURES:
+            return FEATURES[node.id]
+        raise ValueError(f"matters_on {words!r}: {ast.unparse(node)!r} is not a feature of a "
+                         f"stream ({', '.join(sorted(FEATURES))})")
+    return build(tree)
+
+
+#: The features a rule change's ``matters_on`` may name: every predicate of this module.
+FEATURES: dict[str, Callable[[Any], bool]] = {
+    name: f for name, f in list(globals().items())
+    if callable(f) and not name.startswith("_") and name not in ("predicate",)
+    and getattr(f, "__module__", None) == __name__}
