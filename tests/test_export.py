@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 from referencing import Registry, Resource
 
-from harness.formats.paths import ROOT, STREAMS_DIR, TRACES_DIR
+from harness.formats.paths import ROOT, STREAM_SCHEMA, STREAMS_DIR, TRACES_DIR
 
 pytestmark = [pytest.mark.xdist_group("export"), pytest.mark.slow]
 
@@ -87,7 +87,7 @@ def test_the_same_export_twice_is_the_same_bytes(exported, tmp_path):
 
 
 def test_the_trace_schema_holds_every_recorded_trace_and_can_fail():
-    _, trace_v = validators(ROOT / "harness" / "schemas")
+    _, trace_v = validators(STREAM_SCHEMA.parent)
     paths = sorted(TRACES_DIR.glob("*/*.json"))
     for path in paths:
         trace_v.validate(json.loads(path.read_text()))

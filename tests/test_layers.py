@@ -70,6 +70,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("jobs", "jobs.chunks", "jobs.capture", "jobs.changelog", "jobs.engine_profile",
      "jobs.hypofuzz_run", "jobs.render", "jobs.rule_report", "jobs.side_env",
      "jobs.workload_report"),
+    # the suspect lines of an unexplained divergence (it runs the old release in its side
+    # environment)
+    ("jobs.suspects",),
     # where chunks run; portable fixture sets; the upgrade check inside a newer release and
     # from the base environment
     ("jobs.workers", "jobs.export", "jobs.upgrade_campaign", "jobs.upgrade_check"),

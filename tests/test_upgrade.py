@@ -483,7 +483,8 @@ def test_the_report_names_the_old_release_in_its_stream_table_after_an_example()
     old = run(ReferenceEngine("0.11.0"), parse_stream(data)).to_json()
     new = json.loads(json.dumps(old))
     new["steps"][1]["free_blocks"] += 1
-    checker = types.SimpleNamespace(old="0.11.0", target=types.SimpleNamespace(release="0.25.1"),
+    checker = types.SimpleNamespace(old="0.11.0", forget=None,
+                                    target=types.SimpleNamespace(release="0.25.1"),
                                     traces=lambda stream: (new, old, new))
     cause = Cause(("unexplained", "free_blocks"), count=1, alone=1, example=data,
                   example_size=(1, 3), example_alone=True)

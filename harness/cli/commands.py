@@ -240,9 +240,13 @@ def _upgrade_arguments(ns, latest: bool = False) -> tuple[Path | None, Path | No
     try:
         if not latest:
             check_version(ns.version)
-        check_version(ns.old)
+        if ns.old is not None:
+            check_version(ns.old)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if ns.forget is not None:
+        _forgotten(ns, latest)
+    ns.old = ns.old or releases.RELEASES[0]
     if not releases.is_described(ns.old):
         raise UsageError(f"FROM: the reference does not describe vLLM {ns.old} "
                          f"(it describes {releases.RELEASES[0]} to {releases.RELEASES[-1]})")
@@ -258,8 +262,29 @@ def _upgrade_arguments(ns, latest: bool = False) -> tuple[Path | None, Path | No
             raise UsageError(f"{ns.streams}: no *.json streams in it")
         for path in paths:
             load_stream(path)  # a bad stream: one line naming the field (exit 2)
-    out = Path(ns.out) if ns.out is not None else (None if streams else DOCS_DIR / "upgrades")
+    out = Path(ns.out) if ns.out is not None else (
+        None if streams or ns.forget else DOCS_DIR / "upgrades")
     return out, streams
+
+
+def _forgotten(ns, latest: bool) -> None:
+    """``--forget CHANGE``: a change VERSION brings over FROM (by default the release
+    before VERSION), so that leaving it out of the reference makes a difference."""
+    from reference import releases
+    names = [c.name for c in releases.CHANGES]
+    if ns.forget not in names:
+        raise UsageError(f"--forget: {ns.forget[:60]!r} is not a rule change of "
+                         "reference/releases.py")
+    if latest:
+        raise UsageError("--forget: not with latest (name the release the change came in)")
+    if not releases.is_described(ns.version):
+        raise UsageError(f"--forget: the reference does not describe vLLM {ns.version}")
+    if ns.old is None:
+        ns.old = releases.RELEASES[max(releases.RELEASES.index(ns.version) - 1, 0)]
+    change = releases.change(ns.forget)
+    if not releases.is_described(ns.old) or change.in_effect(ns.old) == change.in_effect(ns.version):
+        raise UsageError(f"--forget: {ns.forget} is {'in' if change.in_effect(ns.version) else 'out of'} "
+                         f"effect at both {ns.old} and {ns.version}: leaving it out changes nothing")
 
 
 def cmd_upgrade_check(ns) -> int:
@@ -280,7 +305,7 @@ def cmd_upgrade_check(ns) -> int:
     return upgrade_check(ns.version, examples=ns.examples, seed=ns.seed, out=out,
                          record=not ns.no_record, old=ns.old, streams=streams,
                          shrink_seconds=ns.shrink_seconds, workers=_workers(ns),
-                         fail_on=ns.fail_on)
+                         fail_on=ns.fail_on, forget=ns.forget)
 
 
 def cmd_upgrade_report(ns) -> int:
@@ -288,7 +313,8 @@ def cmd_upgrade_report(ns) -> int:
     out, streams = _upgrade_arguments(ns)
     return report(ns.version, examples=ns.examples, seed=ns.seed, out=out,
                   record=not ns.no_record, old=ns.old, streams=streams,
-                  shrink_seconds=ns.shrink_seconds, workers=_workers(ns), fail_on=ns.fail_on)
+                  shrink_seconds=ns.shrink_seconds, workers=_workers(ns), fail_on=ns.fail_on,
+                  forget=ns.forget)
 
 
 def _workers(ns) -> int:

@@ -213,10 +213,16 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a folder of your own streams: each is reported same or different "
                             "between the two releases (no campaign; the report goes to "
                             "standard output unless --out is given)")
-        u.add_argument("--from", dest="old", default="0.11.0", metavar="RELEASE",
-                       help="the release upgraded from (default 0.11.0; one the reference "
-                            "describes)")
-        u.add_argument("--examples", type=positive_int, default=5000)
+        u.add_argument("--from", dest="old", default=None, metavar="RELEASE",
+                       help="the release upgraded from (default 0.11.0, or with --forget the "
+                            "release before VERSION; one the reference describes)")
+        u.add_argument("--forget", default=None, metavar="CHANGE",
+                       help="leave this rule change of reference/releases.py out of the "
+                            "reference, as if VERSION had brought it unnamed: the report shows "
+                            "what the check and its suspect lines make of it (the report goes "
+                            "to standard output unless --out is given; nothing recorded)")
+        u.add_argument("--examples", type=non_negative_int, default=5000,
+                       help="generated streams (default 5000; 0: the bundled streams only)")
         u.add_argument("--seed", type=int, default=1)
         u.add_argument("--shrink-seconds", type=positive_int, default=20,
                        help="time spent shrinking each cause's example, the causes shared "

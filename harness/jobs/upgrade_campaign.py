@@ -52,7 +52,8 @@ from harness.formats.paths import STREAMS_DIR, golden_dir, write_atomic
 from harness.checks.properties import by_name
 from harness.loop.runner import run
 from harness.formats.rule_counters import Stats
-from harness.formats.stream import Stream, load_stream, parse_stream
+from harness.formats.stream import Stream, canonical_json, load_stream, parse_stream
+from harness.jobs import suspects
 from reference import releases
 
 BASE = "0.11.0"
@@ -73,6 +74,8 @@ class Cause:
     example_size: tuple[int, int] = (1 << 30, 0)
     example_alone: bool = False  # the example shows this cause and no other
     shrunk: bool = False
+    suspects: list = field(default_factory=list)  # suspects.Suspect, for an unexplained cause
+    suspects_error: str = ""
 
     @property
     def explained(self) -> bool:
@@ -98,13 +101,15 @@ class Checker:
     ``old`` lacks it, off when ``old`` has it).
     """
 
-    def __init__(self, version: str, old: str = BASE):
+    def __init__(self, version: str, old: str = BASE, forget: str | None = None):
         self.version = version
         self.old = old
+        self.forget = forget  # a rule change left out of the reference, as if it were new
         self.vllm = get_engine("vllm")
         self.base = ReferenceEngine(old)
-        self.target = ReferenceEngine(releases.newest_described(version))
-        self.candidates = [c.name for c in releases.CHANGES]
+        newest = releases.newest_described(version)
+        self.target = ReferenceEngine(newest, releases.rules_of(newest) - {forget})
+        self.candidates = [c.name for c in releases.CHANGES if c.name != forget]
         self._with: dict[frozenset[str], ReferenceEngine] = {}
         self._single = {name: self.base_with({name}) for name in self.candidates}
 
@@ -271,6 +276,8 @@ def check_bundled(checker: Checker, causes: dict, folder: Path = STREAMS_DIR) ->
             or ("unexplained", d.field)
         for cause in attribute(causes, key, counted=False):
             cause.bundled.append(stream.name)
+            if not cause.explained:  # its suspect lines need an example, campaign or not
+                cause.offer(stream.to_json(), len(new["steps"]), alone=True)
         detail = (f"step {d.step}, field `{d.field}`: {checker.old} `{json.dumps(d.right)}`, "
                   f"{checker.version} `{json.dumps(d.left)}`")
         ctx = side_by_side(_relabel(old, checker.old), _relabel(new, checker.version), d.step or 0)
@@ -488,6 +495,31 @@ def _with_request(data: dict[str, Any], i: int, new: dict[str, Any]) -> dict[str
 
 # -- the report ---------------------------------------------------------------------------
 
+def find_suspects(checker: Checker, causes: dict, bundled: list[BundledResult],
+                  folder: Path) -> None:
+    """For each unexplained cause with an example: the hunks of vLLM's diff behind it
+    (:mod:`harness.jobs.suspects`), the streams that behaved as before serving as the
+    passing runs."""
+    unexplained = [c for c in causes.values() if not c.explained and c.example is not None]
+    if not unexplained:
+        return
+    passing = [load_stream(folder / f"{b.name}.json") for b in bundled if b.outcome == SAME]
+    for cause in unexplained:
+        print(f"== suspect lines of {cause.title()}", file=sys.stderr)
+        failing = [parse_stream(cause.example)] + [load_stream(folder / f"{name}.json")
+                                                    for name in cause.bundled]
+        try:
+            cause.suspects = suspects.suspects(checker.vllm, failing, passing, checker.old)
+        except (RuntimeError, OSError) as exc:  # no environment for the old release
+            cause.suspects_error = str(exc)
+
+
+def candidate_name(report_name: str, cause: Cause) -> str:
+    """Where an unexplained cause's example is saved beside the report: a bundled-stream
+    candidate for the rule change that will name it."""
+    return f"{report_name.removesuffix('.md')}.{cause.key[1]}.json"
+
+
 def report_text(version: str, checker: Checker, bundled: list[BundledResult],
                 camp: CampaignResult, causes: dict, folder: Path = STREAMS_DIR) -> str:
     different = [b for b in bundled if b.outcome == DIFFERENT]
@@ -503,7 +535,9 @@ def report_text(version: str, checker: Checker, bundled: list[BundledResult],
         f"Checked {datetime.date.today().isoformat()} with "
         + (f"`make upgrade-check {from_arg}VLLM={version}` " if kind == "bundled" else
            f"`python -m harness upgrade-check {version} {folder.name}/ --from {old}` ")
-        + f"(vLLM {version} from a wheel overlay on the base torch; see `harness/jobs/side_env.py`).",
+        + f"(vLLM {version} from a wheel overlay on the base torch; see `harness/jobs/side_env.py`)"
+        + (f", with the rule change `{checker.forget}` left out of the reference as if it were "
+           f"new (`--forget {checker.forget}`)." if checker.forget else "."),
         "",
         "## Verdict",
         "",
@@ -558,6 +592,15 @@ def report_text(version: str, checker: Checker, bundled: list[BundledResult],
                 lines += [f"First difference: step {d.step}, field `{d.field}`.", "", "```",
                           side_by_side(_relabel(old_trace, old), _relabel(new_trace, version), d.step),
                           "```"]
+        if not cause.explained and cause.example is not None:
+            lines += ["", "#### Suspect lines", "",
+                      f"The diff of vLLM {old} to {version} (their wheels' `vllm/` trees), cut to "
+                      "the hunks the example ran, ranked (`harness/jobs/suspects.py`).", ""]
+            lines += ([f"Not found: {cause.suspects_error}"] if cause.suspects_error
+                      else suspects.markdown(cause.suspects))
+            lines += ["", "A rule change to start from (the example is saved beside this report "
+                      "as a bundled-stream candidate):", "", "```python",
+                      suspects.stub(version, cause.key[1], cause.suspects), "```"]
         lines.append("")
     lines += [f"## {kind.capitalize()} streams", "",
               f"| stream | vs {old} | cause | reference ({target} rules) |", "|---|---|---|---|"]
@@ -621,7 +664,7 @@ def _slots_checked_by_vllms_kernel():
 
 def report(version: str, examples: int, seed: int, out: Path | None, record: bool,
            old: str = BASE, streams: Path | None = None, shrink_seconds: float = 20,
-           workers: int = 1, fail_on: str = "different") -> int:
+           workers: int = 1, fail_on: str = "different", forget: str | None = None) -> int:
     """The check inside the new release's process: 0 same, 1 different, 3 could not drive;
     with ``fail_on="unexplained"``, 1 only when ``verdict`` finds something unexplained.
 
@@ -633,7 +676,7 @@ def report(version: str, examples: int, seed: int, out: Path | None, record: boo
     installed = installed_vllm_version()
     if installed is None or installed.split("+")[0] != version:
         raise EngineUnavailable(f"vLLM {version} is not the one on the import path ({installed})")
-    checker = Checker(version, old)  # imports vLLM: EngineUnavailable names what is missing
+    checker = Checker(version, old, forget)  # imports vLLM: EngineUnavailable names what is missing
     causes: dict[tuple[str, ...], Cause] = {}
     folder = STREAMS_DIR if streams is None else streams
     print(f"== streams of {folder}: vLLM {version} against vLLM {old}", file=sys.stderr)
@@ -645,15 +688,23 @@ def report(version: str, examples: int, seed: int, out: Path | None, record: boo
     camp = campaign(checker, causes, examples, seed, workers) if examples \
         else CampaignResult(0, seed)
     shrink_all(checker, causes, shrink_seconds, workers)
+    find_suspects(checker, causes, bundled, folder)
     if record:
         from harness.checks.golden import record as record_traces
         bundled_streams = [load_stream(p) for p in sorted(STREAMS_DIR.glob("*.json"))]
         record_traces(bundled_streams, golden_dir(version))
     name = f"{version}.md" if old == BASE and streams is None else f"{old}-to-{version}.md"
+    if forget:
+        name = f"without-{forget}-{old}-to-{version}.md"  # ends as the check expects
     text = report_text(version, checker, bundled, camp, causes, folder)
     if out is None:
         sys.stdout.write(text)
     else:
+        for cause in causes.values():
+            if not cause.explained and cause.example is not None:
+                write_atomic(out / candidate_name(name, cause), canonical_json(cause.example) + "\n")
+                write_atomic(out / candidate_name(name, cause).replace(".json", ".suspects.json"),
+                             json.dumps([s.to_json() for s in cause.suspects], indent=1) + "\n")
         write_atomic(out / name, text)
         print(f"report: {out / name}")
     for cause in sorted(causes.values(), key=lambda c: -c.count):

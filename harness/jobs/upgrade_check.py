@@ -87,14 +87,14 @@ def take_latest(old: str = BASE) -> Taken:
 def upgrade_check(version: str, examples: int, seed: int, out: Path | None, record: bool,
                   old: str = BASE, streams: Path | None = None,
                   shrink_seconds: float = 20, workers: int = 1,
-                  fail_on: str = "different") -> int:
+                  fail_on: str = "different", forget: str | None = None) -> int:
     """``make upgrade-check [FROM=old] VLLM=version``; with ``streams``, the user's own
     streams instead of the bundled ones (no campaign, nothing recorded, the index of
     releases untouched).  ``fail_on``: "different" (exit 1 on any difference) or
     "unexplained" (exit 1 only on what the check cannot explain).  Exit codes as the
     module says."""
     check_version(version)
-    plain = old == BASE and streams is None
+    plain = old == BASE and streams is None and forget is None
     started = time.monotonic()
     try:
         ensure_overlay(version, log=lambda m: print(m, file=sys.stderr))
@@ -111,7 +111,7 @@ def upgrade_check(version: str, examples: int, seed: int, out: Path | None, reco
             + ([] if streams is None else [str(streams)]) \
             + ["--examples", str(examples), "--seed", str(seed), "--from", old,
                "--shrink-seconds", str(shrink_seconds), "--workers", str(workers),
-               "--fail-on", fail_on] \
+               "--fail-on", fail_on] + ([] if forget is None else ["--forget", forget]) \
             + ([] if record and plain else ["--no-record"]) + ["--out", str(report_dir)]
         proc = subprocess.Popen(cmd, env=overlay_environment(version), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
