@@ -5,6 +5,8 @@ has the table of ranks they give on known changes)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from harness.cli.main import main
@@ -119,6 +121,37 @@ def test_a_formatters_hunk_is_no_suspect():
                     "-    if (a and\n-            b(c, d,)):\n+    if (\n+        a and b(c, d)\n+    ):")
     quoted = Hunk("vllm/v1/core/x.py", 1, 2, 1, 2, "-    t = os.getenv('X')\n+    t = os.getenv(\"X\")")
     changed = Hunk("vllm/v1/core/x.py", 1, 2, 1, 2, "-    if a and b:\n+    if a or b:")
+    commented = Hunk("vllm/v1/core/x.py", 1, 1, 1, 4,
+                     "+        # null pages are skipped\n+        if blk.is_null:\n+            continue")
+    only_comment = Hunk("vllm/v1/core/x.py", 1, 1, 1, 2, "+    # a note '#' on pages")
     assert reflowed.layout_only and quoted.layout_only and not changed.layout_only
+    assert not commented.layout_only and only_comment.layout_only
     fail = {"vllm/v1/core/x.py": frozenset({1})}
     assert [s.hunk for s in rank([reflowed, quoted, changed], [fail], [], [], [])] == [changed]
+
+
+def test_the_near_misses_are_the_example_cut_once_that_no_longer_diverge():
+    """``upgrade_campaign.neighbours``: the streams one cut from a cause's example, split
+    into those that still show the cause and those that behave as before."""
+    import types
+
+    from harness.jobs.upgrade_campaign import Cause, neighbours
+    example = {"config": {"block_size": 4, "num_gpu_blocks": 16, "max_num_batched_tokens": 16,
+                          "max_num_seqs": 4, "max_model_len": 32},
+               "requests": [{"id": "a", "prompt": [1, 2, 3, 4], "output": [5, 6]},
+                            {"id": "b", "prompt": [7, 8], "output": [9]}]}
+
+    from harness.engines.reference_engine import ReferenceEngine
+    from harness.loop.runner import run
+
+    def traces(stream):  # "diverges" while request b is there
+        old = run(ReferenceEngine(), stream).to_json()
+        new = json.loads(json.dumps(old))
+        new["steps"][0]["free_blocks"] += any(r.id == "b" for r in stream.requests)
+        return new, old, new
+
+    key = ("unexplained", "free_blocks")
+    checker = types.SimpleNamespace(traces=traces, cause_of=lambda *a: key)
+    showing, unchanged = neighbours(checker, Cause(key, example=example))
+    assert all(any(r.id == "b" for r in s.requests) for s in showing) and showing
+    assert [[r.id for r in s.requests] for s in unchanged] == [["a"]]

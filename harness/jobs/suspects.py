@@ -8,8 +8,10 @@ release's whole diff down to a ranked handful of hunks:
    the release it is checked against), compared file by file with :mod:`difflib`; only
    the files the runs below executed are diffed.
 2. **The runs.**  The cause's shrunk stream and the other streams it shows on (they
-   diverge) and the bundled streams the check found unchanged (they pass) run on each
-   release under coverage.py, recording the lines of vLLM each run executes: the new
+   diverge), and the streams one cut away from the shrunk one that behave as before (near
+   misses) and the bundled streams the check found unchanged (they pass), run on each
+   release under coverage.py, on the harness's step loop and on vLLM's own
+   ``EngineCore`` (engine ``vllm-core``), recording the lines of vLLM each run executes: the new
    release in this process, the old one in a process of its own environment.
 3. **The ranking.**  A hunk is suspect when the shrunk stream's run executed one of its
    lines (on the new side, or a removed line on the old side).  Each line is scored as
@@ -41,8 +43,9 @@ from harness.formats.stream import Stream, canonical_json, parse_stream
 
 #: Hunks shown per cause in the report.
 SHOWN = 5
-#: Passing streams run per release (the first ones, in name order), and diverging ones.
-PASSING = 40
+#: Passing streams run per release (the near misses first, then the bundled ones in name
+#: order), and diverging ones.
+PASSING = 200
 FAILING = 20
 #: Lines of a hunk's text shown in the report.
 HUNK_LINES = 24
@@ -65,8 +68,9 @@ class Hunk:
     def layout_only(self) -> bool:
         """Whether the hunk only re-lays code out (spaces, line breaks, parentheses,
         trailing commas, quote marks): a formatter's change, which no rule is."""
-        old = "".join(line[1:] for line in self.text.splitlines() if line.startswith("-"))
-        new = "".join(line[1:] for line in self.text.splitlines() if line.startswith("+"))
+        lines = self.text.splitlines()
+        old = "".join(_without_comment(line[1:]) for line in lines if line.startswith("-"))
+        new = "".join(_without_comment(line[1:]) for line in lines if line.startswith("+"))
         return _layout_free(old) == _layout_free(new)
 
     @property
@@ -79,9 +83,21 @@ class Hunk:
         return f"{self.path}: old lines {self.old_start}-{self.old_end - 1} removed"
 
 
+def _without_comment(line: str) -> str:
+    """A line of code without a trailing comment (a ``#`` outside quotes)."""
+    quote = None
+    for i, ch in enumerate(line):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#":
+            return line[:i]
+    return line
+
+
 def _layout_free(code: str) -> str:
     code = code.replace("'", '"')
-    code = re.sub(r"#[^\n\"]*", "", code)
     code = re.sub(r",\s*([)\]}])", r"\1", code)
     return re.sub(r"[\s()\\]", "", code)
 
@@ -109,21 +125,44 @@ def installed_tree() -> Path:
     return Path(spec.origin).parent
 
 
-def lines_of_runs(engine, streams: list[Stream], tree: Path) -> list[Lines]:
-    """The lines of ``tree`` each stream's run on ``engine`` executes (coverage.py)."""
+def vllm_engines() -> list:
+    """The engines whose runs are measured: the harness's step loop over vLLM's scheduler,
+    and vLLM's own ``EngineCore`` (engine ``vllm-core``), whose loop the other does not
+    run (a rule of ``vllm/v1/engine/core.py`` shows only there)."""
+    from harness.engines import EngineUnavailable, get_engine
+    engines = [get_engine("vllm")]
+    try:
+        engines.append(get_engine("vllm-core"))
+    except EngineUnavailable:
+        pass
+    return engines
+
+
+def _quietly(run, engine, stream) -> None:
+    """A run whose engine refuses the stream (a feature it lacks) still ran some lines."""
+    try:
+        run(engine, stream)
+    except Exception:  # noqa: BLE001 -- the lines it ran are what is measured
+        pass
+
+
+def lines_of_runs(engines: list, streams: list[Stream], tree: Path) -> list[Lines]:
+    """The lines of ``tree`` each stream's runs on ``engines`` execute (coverage.py)."""
     import coverage
 
     from harness.loop.runner import run
     # A warm-up run first: what a process does once (imports, caches of model inspection)
     # would otherwise count as run by the first stream measured alone.
-    for stream in streams[:1]:
-        run(engine, stream)
+    for engine in engines:
+        for stream in streams[:1]:
+            _quietly(run, engine, stream)
     found = []
     for stream in streams:
         cov = coverage.Coverage(data_file=None, include=[f"{tree}/*"], branch=False)
         cov.start()
         try:
-            run(engine, stream)
+            for engine in engines:
+                _quietly(run, engine, stream)
         finally:
             cov.stop()
         data = cov.get_data()
@@ -153,14 +192,15 @@ def lines_in_release(release: str, streams: list[Stream]) -> tuple[Path, list[Li
     """Run ``streams`` on vLLM ``release`` in a process of its own environment."""
     tree, env = release_tree_and_env(release)
     with tempfile.TemporaryDirectory(prefix="suspects-") as scratch:
-        src = Path(scratch) / "streams.json"
+        src, dst = Path(scratch) / "streams.json", Path(scratch) / "lines.json"
         src.write_text(json.dumps([json.loads(canonical_json(s.to_json())) for s in streams]))
-        proc = subprocess.run([sys.executable, "-m", "harness.jobs.suspects", str(src)],
+        # The lines come back in a file: vLLM may write to standard output.
+        proc = subprocess.run([sys.executable, "-m", "harness.jobs.suspects", str(src), str(dst)],
                               env=env, capture_output=True, text=True, cwd=ROOT)
-    if proc.returncode != 0:
-        raise RuntimeError(f"the runs on vLLM {release} failed: "
-                           + (proc.stderr.strip().splitlines() or ["?"])[-1])
-    runs = json.loads(proc.stdout)
+        if proc.returncode != 0 or not dst.exists():
+            raise RuntimeError(f"the runs on vLLM {release} failed: "
+                               + (proc.stderr.strip().splitlines() or ["?"])[-1])
+        runs = json.loads(dst.read_text())
     return tree, [{p: frozenset(ls) for p, ls in r.items()} for r in runs]
 
 
@@ -226,15 +266,14 @@ def rank(hunks: list[Hunk], new_fail: list[Lines], new_pass: list[Lines],
                                            s.hunk.path, s.hunk.new_start))
 
 
-def suspects(engine, failing: list[Stream], passing: list[Stream],
-             old_release: str) -> list[Suspect]:
+def suspects(failing: list[Stream], passing: list[Stream], old_release: str) -> list[Suspect]:
     """The ranked hunks behind a cause: ``failing`` are streams it shows on (its example
-    first), ``passing`` streams that behave as before; the installed release (``engine``
-    runs them) against ``old_release``."""
+    first), ``passing`` streams that behave as before; the installed release against
+    ``old_release``."""
     failing, passing = failing[:FAILING], passing[:PASSING]
     streams = failing + passing
     new_tree = installed_tree()
-    new_runs = lines_of_runs(engine, streams, new_tree)
+    new_runs = lines_of_runs(vllm_engines(), streams, new_tree)
     old_tree, old_runs = lines_in_release(old_release, streams)
     files = set(new_runs[0]) | set(old_runs[0])
     hunks = [h for path in sorted(files) for h in hunks_of(path, old_tree, new_tree)]
@@ -266,12 +305,11 @@ def markdown(found: list[Suspect], shown: int = SHOWN) -> list[str]:
 
 
 def _main(argv: list[str]) -> int:
-    """In a release's own process: the executed lines of each stream of a JSON list, as
-    JSON on standard output."""
-    from harness.engines import get_engine
+    """In a release's own process: the executed lines of each stream of a JSON list
+    (``argv[0]``), written as JSON to ``argv[1]``."""
     streams = [parse_stream(d) for d in json.loads(Path(argv[0]).read_text())]
-    runs = lines_of_runs(get_engine("vllm"), streams, installed_tree())
-    json.dump([{p: sorted(ls) for p, ls in r.items()} for r in runs], sys.stdout)
+    runs = lines_of_runs(vllm_engines(), streams, installed_tree())
+    Path(argv[1]).write_text(json.dumps([{p: sorted(ls) for p, ls in r.items()} for r in runs]))
     return 0
 
 

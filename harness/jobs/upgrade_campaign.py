@@ -503,15 +503,34 @@ def find_suspects(checker: Checker, causes: dict, bundled: list[BundledResult],
     unexplained = [c for c in causes.values() if not c.explained and c.example is not None]
     if not unexplained:
         return
-    passing = [load_stream(folder / f"{b.name}.json") for b in bundled if b.outcome == SAME]
+    unchanged = [load_stream(folder / f"{b.name}.json") for b in bundled if b.outcome == SAME]
     for cause in unexplained:
         print(f"== suspect lines of {cause.title()}", file=sys.stderr)
-        failing = [parse_stream(cause.example)] + [load_stream(folder / f"{name}.json")
-                                                    for name in cause.bundled]
+        near_failing, near_passing = neighbours(checker, cause)
+        failing = [parse_stream(cause.example), *near_failing] + [
+            load_stream(folder / f"{name}.json") for name in cause.bundled]
         try:
-            cause.suspects = suspects.suspects(checker.vllm, failing, passing, checker.old)
+            cause.suspects = suspects.suspects(failing, near_passing + unchanged, checker.old)
         except (RuntimeError, OSError) as exc:  # no environment for the old release
             cause.suspects_error = str(exc)
+
+
+def neighbours(checker: Checker, cause: Cause) -> tuple[list[Stream], list[Stream]]:
+    """The streams one cut away from a cause's example (:func:`_smaller`): those that still
+    show the cause, and those that behave as before.  The near misses are the passing runs
+    that tell the most: they run what the example runs but the rule that changed."""
+    showing, unchanged = [], []
+    for candidate in _smaller(cause.example):
+        try:
+            stream = parse_stream(candidate)
+        except Exception:  # a cut that breaks a rule of the stream format
+            continue
+        new, old, target = checker.traces(stream)
+        if first_divergence(new, old) is None:
+            unchanged.append(stream)
+        elif checker.cause_of(stream, new, old, target) == cause.key:
+            showing.append(stream)
+    return showing, unchanged
 
 
 def candidate_name(report_name: str, cause: Cause) -> str:
