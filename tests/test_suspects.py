@@ -135,7 +135,7 @@ def test_the_near_misses_are_the_example_cut_once_that_no_longer_diverge():
     into those that still show the cause and those that behave as before."""
     import types
 
-    from harness.jobs.upgrade_campaign import Cause, neighbours
+    from harness.jobs.upgrade_campaign import neighbours
     example = {"config": {"block_size": 4, "num_gpu_blocks": 16, "max_num_batched_tokens": 16,
                           "max_num_seqs": 4, "max_model_len": 32},
                "requests": [{"id": "a", "prompt": [1, 2, 3, 4], "output": [5, 6]},
@@ -150,8 +150,11 @@ def test_the_near_misses_are_the_example_cut_once_that_no_longer_diverge():
         new["steps"][0]["free_blocks"] += any(r.id == "b" for r in stream.requests)
         return new, old, new
 
-    key = ("unexplained", "free_blocks")
-    checker = types.SimpleNamespace(traces=traces, cause_of=lambda *a: key)
-    showing, unchanged = neighbours(checker, Cause(key, example=example))
+    checker = types.SimpleNamespace(traces=traces)
+
+    def fails(stream, new, old, target):
+        return new != old
+
+    showing, unchanged = neighbours(checker, example, fails)
     assert all(any(r.id == "b" for r in s.requests) for s in showing) and showing
     assert [[r.id for r in s.requests] for s in unchanged] == [["a"]]

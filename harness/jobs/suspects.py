@@ -17,7 +17,9 @@ release's whole diff down to a ranked handful of hunks:
    lines (on the new side, or a removed line on the old side).  Each line is scored as
    spectrum-based fault localisation does (Ochiai): a line every diverging run executes
    and few passing runs execute scores high, so the branch a new rule takes only on the
-   diverging streams comes before the code every stream runs.  A hunk scores its best
+   diverging streams comes before the code every stream runs; the near misses, which run
+   what the example runs but for the rule that changed, keep the lines of the example's
+   other features down.  A hunk scores its best
    line; a hunk that only re-lays code out (a formatter's) is left out; ties go to the scheduler and KV cache files (``vllm/v1/core/``), then to the
    engine loop (``vllm/v1/engine/``), then to the smaller hunk.
 
@@ -266,11 +268,13 @@ def rank(hunks: list[Hunk], new_fail: list[Lines], new_pass: list[Lines],
                                            s.hunk.path, s.hunk.new_start))
 
 
-def suspects(failing: list[Stream], passing: list[Stream], old_release: str) -> list[Suspect]:
+def suspects(failing: list[Stream], near: list[Stream], passing: list[Stream],
+             old_release: str) -> list[Suspect]:
     """The ranked hunks behind a cause: ``failing`` are streams it shows on (its example
-    first), ``passing`` streams that behave as before; the installed release against
-    ``old_release``."""
-    failing, passing = failing[:FAILING], passing[:PASSING]
+    first), ``near`` the example's near misses and ``passing`` other streams that behave
+    as before; the installed release against ``old_release``."""
+    failing, near = failing[:FAILING], near[:PASSING]
+    passing = near + passing[:PASSING - len(near)]
     streams = failing + passing
     new_tree = installed_tree()
     new_runs = lines_of_runs(vllm_engines(), streams, new_tree)

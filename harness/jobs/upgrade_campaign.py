@@ -496,41 +496,84 @@ def _with_request(data: dict[str, Any], i: int, new: dict[str, Any]) -> dict[str
 # -- the report ---------------------------------------------------------------------------
 
 def find_suspects(checker: Checker, causes: dict, bundled: list[BundledResult],
-                  folder: Path) -> None:
+                  folder: Path, camp: CampaignResult | None = None) -> Inexact | None:
     """For each unexplained cause with an example: the hunks of vLLM's diff behind it
-    (:mod:`harness.jobs.suspects`), the streams that behaved as before serving as the
-    passing runs."""
-    unexplained = [c for c in causes.values() if not c.explained and c.example is not None]
-    if not unexplained:
-        return
+    (:mod:`harness.jobs.suspects`), the example's near misses and the streams that behaved
+    as before serving as the passing runs.  And when the reference with the release's
+    rules is not exact on some stream: the hunks behind that, the streams where it is
+    exact serving as the passing runs (returned)."""
     unchanged = [load_stream(folder / f"{b.name}.json") for b in bundled if b.outcome == SAME]
-    for cause in unexplained:
+    for cause in causes.values():
+        if cause.explained or cause.example is None:
+            continue
         print(f"== suspect lines of {cause.title()}", file=sys.stderr)
-        near_failing, near_passing = neighbours(checker, cause)
+
+        def fails(stream, new, old, target, key=cause.key):
+            if first_divergence(new, old) is None:
+                return False
+            return True if checker.cause_of(stream, new, old, target) == key else None
+
+        near_failing, near_passing = neighbours(checker, cause.example, fails)
         failing = [parse_stream(cause.example), *near_failing] + [
             load_stream(folder / f"{name}.json") for name in cause.bundled]
         try:
-            cause.suspects = suspects.suspects(failing, near_passing + unchanged, checker.old)
+            cause.suspects = suspects.suspects(failing, near_passing, unchanged, checker.old)
         except (RuntimeError, OSError) as exc:  # no environment for the old release
             cause.suspects_error = str(exc)
+    return _inexact_suspects(checker, bundled, folder, camp)
 
 
-def neighbours(checker: Checker, cause: Cause) -> tuple[list[Stream], list[Stream]]:
-    """The streams one cut away from a cause's example (:func:`_smaller`): those that still
-    show the cause, and those that behave as before.  The near misses are the passing runs
-    that tell the most: they run what the example runs but the rule that changed."""
-    showing, unchanged = [], []
-    for candidate in _smaller(cause.example):
+@dataclass
+class Inexact:
+    """Streams on which the reference with the release's rules is not exact, and the
+    hunks of vLLM's diff behind that: a change the records miss even where the new
+    release behaves as the old one (two changes that cancel out on a stream)."""
+
+    streams: list[str]
+    example: dict[str, Any]
+    suspects: list = field(default_factory=list)
+    error: str = ""
+
+
+def _inexact_suspects(checker: Checker, bundled: list[BundledResult], folder: Path,
+                      camp: CampaignResult | None) -> Inexact | None:
+    off = [load_stream(folder / f"{b.name}.json") for b in bundled if not b.conforms]
+    off += [parse_stream(d) for d in (camp.nonconforming if camp else [])]
+    if not off:
+        return None
+    off.sort(key=lambda s: (len(s.requests), sum(len(r.prompt) + len(r.output)
+                                                  for r in s.requests), s.name))
+    print(f"== suspect lines of the reference not exact ({len(off)} stream(s))", file=sys.stderr)
+    exact_ones = [load_stream(folder / f"{b.name}.json") for b in bundled if b.conforms]
+
+    def fails(stream, new, old, target):
+        return first_divergence(new, target) is not None
+
+    near_failing, near_passing = neighbours(checker, off[0].to_json(), fails)
+    found = Inexact([s.name for s in off], off[0].to_json())
+    try:
+        found.suspects = suspects.suspects([off[0], *near_failing, *off[1:]], near_passing,
+                                           exact_ones, checker.old)
+    except (RuntimeError, OSError) as exc:
+        found.error = str(exc)
+    return found
+
+
+def neighbours(checker: Checker, example: dict[str, Any], fails) -> tuple[list[Stream], list[Stream]]:
+    """The streams one cut away from ``example`` (:func:`_smaller`): those that still fail
+    as it does, and those that pass.  ``fails(stream, new, old, target)`` says which (True,
+    False, or None for neither).  The near misses are the passing runs that tell the most:
+    they run what the example runs but the rule that changed."""
+    showing, passing = [], []
+    for candidate in _smaller(example):
         try:
             stream = parse_stream(candidate)
         except Exception:  # a cut that breaks a rule of the stream format
             continue
-        new, old, target = checker.traces(stream)
-        if first_divergence(new, old) is None:
-            unchanged.append(stream)
-        elif checker.cause_of(stream, new, old, target) == cause.key:
-            showing.append(stream)
-    return showing, unchanged
+        verdict = fails(stream, *checker.traces(stream))
+        if verdict is not None:
+            (showing if verdict else passing).append(stream)
+    return showing, passing
 
 
 def candidate_name(report_name: str, cause: Cause) -> str:
@@ -540,7 +583,8 @@ def candidate_name(report_name: str, cause: Cause) -> str:
 
 
 def report_text(version: str, checker: Checker, bundled: list[BundledResult],
-                camp: CampaignResult, causes: dict, folder: Path = STREAMS_DIR) -> str:
+                camp: CampaignResult, causes: dict, folder: Path = STREAMS_DIR,
+                inexact: Inexact | None = None) -> str:
     different = [b for b in bundled if b.outcome == DIFFERENT]
     unexplained = [c for c in causes.values() if not c.explained]
     target = checker.target.release
@@ -621,6 +665,16 @@ def report_text(version: str, checker: Checker, bundled: list[BundledResult],
                       "as a bundled-stream candidate):", "", "```python",
                       suspects.stub(version, cause.key[1], cause.suspects), "```"]
         lines.append("")
+    if inexact is not None:
+        lines += ["## Where the reference is not exact", "",
+                  f"The reference with the rules of {target} differs from vLLM {version} on "
+                  f"{len(inexact.streams)} stream(s) ({', '.join(inexact.streams[:5])}"
+                  + (", ..." if len(inexact.streams) > 5 else "") + "): a rule change the "
+                  "records miss, even where it leaves a stream as it was in "
+                  f"{old}.  Suspect lines of the smallest:", ""]
+        lines += ([f"Not found: {inexact.error}"] if inexact.error
+                  else suspects.markdown(inexact.suspects))
+        lines += [""]
     lines += [f"## {kind.capitalize()} streams", "",
               f"| stream | vs {old} | cause | reference ({target} rules) |", "|---|---|---|---|"]
     for b in bundled:
@@ -707,7 +761,7 @@ def report(version: str, examples: int, seed: int, out: Path | None, record: boo
     camp = campaign(checker, causes, examples, seed, workers) if examples \
         else CampaignResult(0, seed)
     shrink_all(checker, causes, shrink_seconds, workers)
-    find_suspects(checker, causes, bundled, folder)
+    inexact = find_suspects(checker, causes, bundled, folder, camp)
     if record:
         from harness.checks.golden import record as record_traces
         bundled_streams = [load_stream(p) for p in sorted(STREAMS_DIR.glob("*.json"))]
@@ -715,7 +769,7 @@ def report(version: str, examples: int, seed: int, out: Path | None, record: boo
     name = f"{version}.md" if old == BASE and streams is None else f"{old}-to-{version}.md"
     if forget:
         name = f"without-{forget}-{old}-to-{version}.md"  # ends as the check expects
-    text = report_text(version, checker, bundled, camp, causes, folder)
+    text = report_text(version, checker, bundled, camp, causes, folder, inexact)
     if out is None:
         sys.stdout.write(text)
     else:
@@ -724,6 +778,11 @@ def report(version: str, examples: int, seed: int, out: Path | None, record: boo
                 write_atomic(out / candidate_name(name, cause), canonical_json(cause.example) + "\n")
                 write_atomic(out / candidate_name(name, cause).replace(".json", ".suspects.json"),
                              json.dumps([s.to_json() for s in cause.suspects], indent=1) + "\n")
+        if inexact is not None:
+            stem = name.removesuffix(".md")
+            write_atomic(out / f"{stem}.not-exact.json", canonical_json(inexact.example) + "\n")
+            write_atomic(out / f"{stem}.not-exact.suspects.json",
+                         json.dumps([s.to_json() for s in inexact.suspects], indent=1) + "\n")
         write_atomic(out / name, text)
         print(f"report: {out / name}")
     for cause in sorted(causes.values(), key=lambda c: -c.count):
