@@ -59,6 +59,20 @@ def plugin_module(tmp_path, monkeypatch):
             def state(self, req_id): return self.inner.state(req_id)
             def num_unfinished(self): return self.inner.num_unfinished()
             def num_free_blocks(self): return self.inner.num_free_blocks()
+
+        class CrashesAtStepTwo(Minimal):
+            """Minimal, but its scheduler fails at its third step."""
+            def __init__(self):
+                super().__init__()
+                self.steps = 0
+            def start(self, stream):
+                self.steps = 0
+                super().start(stream)
+            def schedule(self):
+                self.steps += 1
+                if self.steps == 3:
+                    raise IndexError("block table ran out")
+                return super().schedule()
     '''))
     monkeypatch.syspath_prepend(str(tmp_path))
     yield "my_engines"
@@ -119,6 +133,20 @@ def test_the_core_methods_alone_replay_vllms_traces_of_the_streams_they_take(plu
             continue
         matched += d is None
     assert matched >= 10
+
+
+def test_replay_says_why_an_engine_failed_and_where(plugin_module, tmp_path, capsys):
+    """A simulator that crashes is told its own message and site, not only that its trace
+    ended early."""
+    from harness.checks.golden import replay
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    source = golden_dir("0.11.0") / "seed_eos_4_1_1.json"
+    (folder / source.name).write_text(source.read_text())
+    assert replay(folder, engine=f"{plugin_module}:CrashesAtStepTwo") == 1
+    out = capsys.readouterr().out
+    assert ("  my_engines:CrashesAtStepTwo failed at step 2: IndexError: block table ran out "
+            "(my_engines.py:") in out
 
 
 def test_the_reference_plugged_in_replays_every_recorded_trace():

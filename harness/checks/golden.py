@@ -195,6 +195,12 @@ def replay(folder: Path, verbose: bool = False, engine: str = "reference") -> in
             continue
         if d is not None:
             print(f"{path.name}: {report(golden, mine, d)}")
+            failed = mine.get("verdict") == "engine_failure"
+            if failed and mine.get("failure") != golden.get("failure"):
+                # The engine's own error and site (file:line): a crash is the engine's
+                # defect before it is a divergence.
+                print(f"  {engine} failed at step {mine['failure']['step']}: "
+                      f"{mine['failure']['message']}")
             bad += 1
         elif verbose:
             print(f"{path.name}: {engine} matches vLLM {golden['vllm_version']}")

@@ -19,9 +19,14 @@ release's whole diff down to a ranked handful of hunks:
    and few passing runs execute scores high, so the branch a new rule takes only on the
    diverging streams comes before the code every stream runs; the near misses, which run
    what the example runs but for the rule that changed, keep the lines of the example's
-   other features down.  A hunk scores its best
-   line; a hunk that only re-lays code out (a formatter's) is left out; ties go to the scheduler and KV cache files (``vllm/v1/core/``), then to the
-   engine loop (``vllm/v1/engine/``), then to the smaller hunk.
+   other features down.  A hunk scores its best line; a hunk that only re-lays code
+   out (a formatter's) is left out; ties go to the scheduler and KV cache files
+   (``vllm/v1/core/``), then to the engine loop (``vllm/v1/engine/``), then to the
+   smaller hunk.
+
+The upgrade check does the same where the reference with the release's rules is not
+exact (a change the records miss, even on a stream the release leaves as it was): the
+failing runs are those streams, the passing runs the streams where it is exact.
 
 What it does not do: say which request and step first depend on a hunk (the lines are
 per run, not per step).
