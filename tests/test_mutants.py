@@ -30,6 +30,22 @@ def test_catalogue_names_are_unique_and_documented():
         assert m.rule and m.mirrors.startswith("vllm/")
 
 
+def test_vllm_mutants_are_known_by_name_without_vllm():
+    """``find`` imports vLLM only for a vLLM mutant's name: an unknown name is unknown
+    (exit 2) in an install without vLLM, not an import error."""
+    vllm_names = [m.name for m in mutants.catalogue()[len(mutants.REFERENCE_MUTANTS):]]
+    assert vllm_names and all(n.startswith(mutants.VLLM_PREFIX) for n in vllm_names)
+    assert not any(m.name.startswith(mutants.VLLM_PREFIX) for m in mutants.REFERENCE_MUTANTS)
+    import subprocess
+    import sys
+    code = ("import sys; from harness.checks.mutants import find; "
+            "assert find('no_such_rule') is None; "
+            "print('harness.engines.vllm_mutants' in sys.modules, 'vllm' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["False", "False"]
+
+
 @pytest.mark.parametrize("name", FAST_SUBSET)
 def test_mutant_is_killed(name, vllm_engine):
     result = hunt(mutants.find(name), max_examples=100, shrink=False)

@@ -449,6 +449,7 @@ def test_a_crash_the_old_release_had_too_is_the_same_not_could_not_run(tmp_path)
         ("sliding_window_null_page_cached", upgrade_campaign.SAME, True)]
 
 
+@pytest.mark.needs_vllm
 def test_an_unexplained_difference_is_named_by_its_first_field_against_the_release_rules():
     """Not by its first difference from 0.11.0, which a known rule change may explain."""
     import copy

@@ -380,13 +380,14 @@ def cmd_race(ns) -> int:
     if unknown:
         raise UsageError(f"--mutants: no mutant called {', '.join(unknown)} "
                          "(python -m harness mutants lists them)")
-    if "hypofuzz" in ns.methods and not fuzzer_race.hypofuzz_installed():
-        raise UsageError("--methods hypofuzz: HypoFuzz is not installed; run make fuzz-env")
     report = None
     if ns.report is not None:
         report = Path(ns.report)
         if report.is_dir() or not report.parent.is_dir():
             raise UsageError(f"--report {ns.report}: must be a file in an existing folder")
+    # What is missing from this machine after what is wrong with the arguments.
+    if "hypofuzz" in ns.methods and not fuzzer_race.hypofuzz_installed():
+        raise UsageError("--methods hypofuzz: HypoFuzz is not installed; run make fuzz-env")
     command = " ".join(["python -m harness race", f"--limit {ns.limit:g}", f"--laps {ns.laps}"]
                        + ([f"--report {ns.report}"] if ns.report else []))
     return fuzzer_race.main(tuple(ns.mutants), tuple(ns.methods), ns.limit, ns.jobs, ns.laps,

@@ -18,17 +18,28 @@ from harness.checks.mutants.registry import MUTANTS as REFERENCE_MUTANTS
 from harness.formats.mutant import Mutant
 
 
+#: What every vLLM mutant's name starts with, so that a name is known to be one without
+#: importing vLLM (tests/test_mutants.py holds them to it).
+VLLM_PREFIX = "vllm_"
+
+
 def catalogue(include_vllm: bool = True) -> list[Mutant]:
-    """Every mutant; vLLM's only when asked (they import vLLM)."""
+    """Every mutant; vLLM's only when asked (they import vLLM: without it, EngineUnavailable
+    says so in one line)."""
     if not include_vllm:
         return list(REFERENCE_MUTANTS)
-    from harness.engines.vllm_mutants import MUTANTS as VLLM_MUTANTS
+    from harness.engines import _vllm_importable
+    with _vllm_importable():
+        from harness.engines.vllm_mutants import MUTANTS as VLLM_MUTANTS
     return REFERENCE_MUTANTS + VLLM_MUTANTS
 
 
 def find(name: str) -> Mutant | None:
-    """The mutant called ``name``; vLLM's are looked at only when no reference one matches."""
+    """The mutant called ``name``; vLLM's are looked at only when the name is one of
+    theirs, so an unknown name needs no vLLM."""
     for m in REFERENCE_MUTANTS:
         if m.name == name:
             return m
+    if not name.startswith(VLLM_PREFIX):
+        return None
     return next((m for m in catalogue() if m.name == name), None)
