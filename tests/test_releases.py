@@ -154,18 +154,23 @@ def test_window_cap_on_every_allocation_fails_the_engine_in_0_20_0_and_0_20_1():
 ASKING = sorted((ROOT / "reference").glob("*.py"))
 
 
+def asked(node: ast.AST) -> ast.expr | None:
+    """The argument of a ``has(...)`` or ``.has(...)`` call, None for any other node."""
+    if not (isinstance(node, ast.Call) and len(node.args) == 1):
+        return None
+    f = node.func
+    return node.args[0] if (getattr(f, "id", None) or getattr(f, "attr", None)) == "has" else None
+
+
 def rule_asks(paths) -> list[tuple[str, object, bool]]:
     """Every ``has(...)`` or ``.has(...)`` call in ``paths``: where it is, its argument
     (the value of a string literal, else its source) and whether it is a literal."""
     found = []
     for path in paths:
         for node in ast.walk(ast.parse(path.read_text())):
-            if not (isinstance(node, ast.Call) and len(node.args) == 1):
+            arg = asked(node)
+            if arg is None:
                 continue
-            f = node.func
-            if (f.id if isinstance(f, ast.Name) else getattr(f, "attr", None)) != "has":
-                continue
-            arg = node.args[0]
             literal = isinstance(arg, ast.Constant) and isinstance(arg.value, str)
             found.append((f"{path.name}:{node.lineno}",
                           arg.value if literal else ast.unparse(arg), literal))
@@ -221,10 +226,9 @@ def ask_sites(paths) -> dict[str, set[str]]:
                 visit(child, path, qual + [child.name])
                 continue
             for sub in ast.walk(child):
-                if (isinstance(sub, ast.Call) and len(sub.args) == 1
-                        and (getattr(sub.func, "id", None) or getattr(sub.func, "attr", None))
-                        == "has" and isinstance(sub.args[0], ast.Constant)):
-                    sites.setdefault(sub.args[0].value, set()).add(".".join([path.stem] + qual))
+                arg = asked(sub)
+                if isinstance(arg, ast.Constant):
+                    sites.setdefault(arg.value, set()).add(".".join([path.stem] + qual))
 
     for path in paths:
         visit(ast.parse(path.read_text()), path, [])

@@ -516,11 +516,19 @@ def find_suspects(checker: Checker, causes: dict, bundled: list[BundledResult],
         near_failing, near_passing = neighbours(checker, cause.example, fails)
         failing = [parse_stream(cause.example), *near_failing] + [
             load_stream(folder / f"{name}.json") for name in cause.bundled]
-        try:
-            cause.suspects = suspects.suspects(failing, near_passing, unchanged, checker.old)
-        except (RuntimeError, OSError) as exc:  # no environment for the old release
-            cause.suspects_error = str(exc)
+        cause.suspects, cause.suspects_error = _ranked(failing, near_passing, unchanged,
+                                                       checker.old)
     return _inexact_suspects(checker, bundled, folder, camp)
+
+
+def _ranked(failing: list[Stream], near: list[Stream], passing: list[Stream],
+            old: str) -> tuple[list, str]:
+    """:func:`harness.jobs.suspects.suspects`, and what stopped it ("" when nothing did:
+    no environment for the old release, say)."""
+    try:
+        return suspects.suspects(failing, near, passing, old), ""
+    except (RuntimeError, OSError) as exc:
+        return [], str(exc)
 
 
 @dataclass
@@ -550,13 +558,9 @@ def _inexact_suspects(checker: Checker, bundled: list[BundledResult], folder: Pa
         return first_divergence(new, target) is not None
 
     near_failing, near_passing = neighbours(checker, off[0].to_json(), fails)
-    found = Inexact([s.name for s in off], off[0].to_json())
-    try:
-        found.suspects = suspects.suspects([off[0], *near_failing, *off[1:]], near_passing,
-                                           exact_ones, checker.old)
-    except (RuntimeError, OSError) as exc:
-        found.error = str(exc)
-    return found
+    found, error = _ranked([off[0], *near_failing, *off[1:]], near_passing, exact_ones,
+                           checker.old)
+    return Inexact([s.name for s in off], off[0].to_json(), found, error)
 
 
 def neighbours(checker: Checker, example: dict[str, Any], fails) -> tuple[list[Stream], list[Stream]]:
@@ -576,10 +580,15 @@ def neighbours(checker: Checker, example: dict[str, Any], fails) -> tuple[list[S
     return showing, passing
 
 
-def candidate_name(report_name: str, cause: Cause) -> str:
-    """Where an unexplained cause's example is saved beside the report: a bundled-stream
-    candidate for the rule change that will name it."""
-    return f"{report_name.removesuffix('.md')}.{cause.key[1]}.json"
+def save_candidate(out: Path, report_name: str, label: str, example: dict[str, Any],
+                   found: list) -> None:
+    """Beside the report: an example no named change explains (a bundled-stream candidate
+    for the rule change that will name it), ``<report>.<label>.json``, and its whole
+    ranking of suspect hunks, ``<report>.<label>.suspects.json``."""
+    stem = f"{report_name.removesuffix('.md')}.{label}"
+    write_atomic(out / f"{stem}.json", canonical_json(example) + "\n")
+    write_atomic(out / f"{stem}.suspects.json",
+                 json.dumps([s.to_json() for s in found], indent=1) + "\n")
 
 
 def report_text(version: str, checker: Checker, bundled: list[BundledResult],
@@ -775,14 +784,9 @@ def report(version: str, examples: int, seed: int, out: Path | None, record: boo
     else:
         for cause in causes.values():
             if not cause.explained and cause.example is not None:
-                write_atomic(out / candidate_name(name, cause), canonical_json(cause.example) + "\n")
-                write_atomic(out / candidate_name(name, cause).replace(".json", ".suspects.json"),
-                             json.dumps([s.to_json() for s in cause.suspects], indent=1) + "\n")
+                save_candidate(out, name, cause.key[1], cause.example, cause.suspects)
         if inexact is not None:
-            stem = name.removesuffix(".md")
-            write_atomic(out / f"{stem}.not-exact.json", canonical_json(inexact.example) + "\n")
-            write_atomic(out / f"{stem}.not-exact.suspects.json",
-                         json.dumps([s.to_json() for s in inexact.suspects], indent=1) + "\n")
+            save_candidate(out, name, "not-exact", inexact.example, inexact.suspects)
         write_atomic(out / name, text)
         print(f"report: {out / name}")
     for cause in sorted(causes.values(), key=lambda c: -c.count):
