@@ -20,7 +20,8 @@ FOLDERS = ("formats", "engines", "loop", "checks", "jobs", "cli")
 
 LAYERS: list[tuple[str, ...]] = [
     # formats: files and atomic writes, aligned tables, rule counters, the mutant record
-    ("formats", "formats.paths", "formats.text", "formats.rule_counters", "formats.mutant"),
+    ("formats", "formats.paths", "formats.text", "formats.rule_counters", "formats.mutant",
+     "formats.features"),
     # the stream format: its JSON Schema, then its records and the rules across fields
     ("formats.stream_schema",),
     ("formats.stream",),
@@ -30,7 +31,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("formats.scripted_model", "formats.trace"),
     # engines: the finding scripts, engines plugged in by name, the reference engine,
     # vLLM's offline environment
-    ("engines.findings", "engines.plugin", "engines.reference_engine", "engines.vllm_env"),
+    ("engines.findings", "engines.plugin", "engines.reference_engine", "engines.vllm_env",
+     "engines.kit"),
     # an engine in another process, vLLM's moved API, the scripted KV connector inside
     # vLLM, vLLM's mutants
     ("engines.line_protocol", "engines.vllm_compat", "engines.vllm_connector",
@@ -48,6 +50,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("checks", "checks.diff", "checks.kv_sizing", "checks.seed_table", "checks.profiles",
      "checks.rule_watch", "checks.mutants.registry", "checks.mutants.applies",
      "checks.strategies.draws"),
+    # fidelity levels: what of two traces is compared
+    ("checks.levels",),
     # comparing engines on one stream; recorded traces; the mutants by part of vLLM;
     # configs
     ("checks.conformance", "checks.golden", "checks.mutants.kv_cache",

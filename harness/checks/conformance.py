@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from harness.formats import counterexamples
-from harness.checks.diff import Divergence, first_divergence, report
+from harness.checks.diff import Divergence, report
+from harness.checks.levels import describe, divergence, label, level_held
 from harness.engines import get_engine
 from harness.loop.runner import run
 from harness.formats.rule_counters import Stats, aim_at
@@ -69,11 +70,18 @@ def exception_name(trace: dict[str, Any]) -> str:
     return trace["failure"]["message"].split(":", 1)[0]
 
 
-def compare(stream: Stream, reference=None, vllm=None) -> Comparison:
-    """Run ``stream`` through both engines (the process's own unless given)."""
+#: The fields the conformance properties compare (None: every field); ``pytest --level``
+#: sets it for an engine of one's own (harness.checks.levels).
+COMPARED: tuple[str, ...] | None = None
+
+
+def compare(stream: Stream, reference=None, vllm=None,
+            fields: tuple[str, ...] | None = None) -> Comparison:
+    """Run ``stream`` through both engines (the process's own unless given), compared on
+    ``fields`` (default :data:`COMPARED`: every field)."""
     left = run(vllm or get_engine("vllm"), stream).to_json()
     right = run(reference or get_engine("reference"), stream).to_json()
-    return Comparison(stream, first_divergence(left, right), left, right)
+    return Comparison(stream, divergence(left, right, fields or COMPARED), left, right)
 
 
 def assert_conforms(data: dict[str, Any] | Stream, label: str = "counterexample", reference=None,
@@ -127,19 +135,25 @@ class Checked:
         }
 
 
-def check_one(stream: Stream, quiet: bool = False, engine: str = "vllm") -> Checked:
-    """A vLLM engine (``vllm`` or ``vllm-core``) and the reference on one stream; a failing
-    stream is kept for replay."""
-    c = compare(stream, vllm=get_engine(engine))
+def check_one(stream: Stream, quiet: bool = False, engine: str = "vllm",
+              fields: tuple[str, ...] | None = None, folder: Path | None = None) -> Checked:
+    """An engine (``vllm``, ``vllm-core`` or one's own) and the reference on one stream,
+    compared on ``fields`` (None: every field); a failing stream is kept for replay in
+    ``folder`` (default: the counterexamples folder)."""
+    c = compare(stream, vllm=get_engine(engine), fields=fields)
     name = stream.name if engine == "vllm" else f"{stream.name} [{engine}]"
     lines, saved = [], []
     for t, line in zip(c.failures, c.failure_lines()):
         path = counterexamples.save(stream, counterexamples.unique_label(
-            stream, f"{t['engine']}-failure"))
+            stream, f"{t['engine']}-failure"), folder)
         saved.append(str(path))
         lines.append(f"{name}: {line}\n  stream saved: {path}")
+    if c.divergence is not None and engine not in ("vllm", "vllm-core"):
+        held, d = level_held(c.vllm, c.reference)
+        lines.append(f"{name}: graded: {describe(held, d)}")
     if c.divergence is not None:
-        path = counterexamples.save(stream, counterexamples.unique_label(stream, "divergence"))
+        path = counterexamples.save(stream, counterexamples.unique_label(stream, "divergence"),
+                                    folder)
         saved.append(str(path))
         lines.append(f"{name}: {report(c.vllm, c.reference, c.divergence)}\n"
                      f"  stream saved: {path}\n  replay: python -m harness check {path}")
@@ -148,12 +162,14 @@ def check_one(stream: Stream, quiet: bool = False, engine: str = "vllm") -> Chec
                      f"raise {exception_name(c.vllm)} at step {c.vllm['failure']['step']}: "
                      "a vLLM crash the reference reproduces)")
     elif c.equal and not quiet:
-        lines.append(f"{name}: equal ({len(c.vllm['steps'])} steps, {c.vllm['verdict']})")
+        on = "" if fields is None else f"; compared: {label(fields)}"
+        lines.append(f"{name}: equal ({len(c.vllm['steps'])} steps, {c.vllm['verdict']}{on})")
     return Checked(stream, c, saved, "\n".join(lines))
 
 
 def check_streams(streams: Sequence[Stream], quiet: bool = False, as_json: bool = False,
-                  engines: Sequence[str] = ("vllm",)) -> tuple[int, int]:
+                  engines: Sequence[str] = ("vllm",), fields: tuple[str, ...] | None = None,
+                  folder: Path | None = None) -> tuple[int, int]:
     """Check each stream with each vLLM engine, printing as it goes (a report, or a JSON
     line); (equal, checked).  A stream an engine does not take is said so and not
     counted."""
@@ -170,7 +186,7 @@ def check_streams(streams: Sequence[Stream], quiet: bool = False, as_json: bool 
                 elif not quiet:
                     print(f"{stream.name}{label}: not taken by {name}: {why}", flush=True)
                 continue
-            checked = check_one(stream, quiet, name)
+            checked = check_one(stream, quiet, name, fields, folder)
             ok += checked.equal
             total += 1
             if as_json:

@@ -16,10 +16,12 @@ import datetime
 import functools
 import hashlib
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from harness.checks.diff import first_divergence, report
+from harness.checks.diff import report
+from harness.checks.levels import LEVELS, divergence, label, level_held
 from harness.engines import get_engine
 from harness.formats.paths import STREAMS_DIR, write_json
 from harness.loop.runner import run
@@ -106,9 +108,11 @@ class NotTaken(Exception):
     """The engine replaying does not take this trace's stream (``Engine.refuses``)."""
 
 
-def replay_one(path: Path, streams_dir: Path | None = STREAMS_DIR, engine: str = "reference"):
+def replay_one(path: Path, streams_dir: Path | None = STREAMS_DIR, engine: str = "reference",
+               fields: tuple[str, ...] | None = None):
     """Run ``engine`` (the reference stating the trace's release, or another engine by
-    name) on a recorded trace's stream; the first divergence or None."""
+    name) on a recorded trace's stream; the first divergence on ``fields`` (None: every
+    field) or None."""
     golden = read_trace(path)
     stream = verify(golden, streams_dir)
     runner = get_engine("reference", golden["vllm_version"]) if engine == "reference" \
@@ -117,7 +121,7 @@ def replay_one(path: Path, streams_dir: Path | None = STREAMS_DIR, engine: str =
     if why is not None:
         raise NotTaken(why)
     mine = run(runner, stream).to_json()
-    return first_divergence(golden, mine), golden, mine
+    return divergence(golden, mine, fields), golden, mine
 
 
 def replay_all_releases() -> tuple[int, int, list[str]]:
@@ -162,9 +166,11 @@ def read_trace(path: Path) -> Any:
         raise StreamError(f"{path}: not valid JSON: {getattr(exc, 'msg', 'not UTF-8 text')}") from None
 
 
-def replay(folder: Path, verbose: bool = False, engine: str = "reference") -> int:
-    """Replay every recorded trace of ``folder`` on ``engine``: 0 all it takes match, 1
-    some do not.
+def replay(folder: Path, verbose: bool = False, engine: str = "reference",
+           fields: tuple[str, ...] | None = None) -> int:
+    """Replay every recorded trace of ``folder`` on ``engine``: 0 all it takes match on
+    ``fields`` (None: every field), 1 some do not.  For an engine of one's own the summary
+    also grades every trace: the highest fidelity level it holds (harness.checks.levels).
 
     Files that are not JSON are bad input (StreamError, one line each) and
     stop the replay before anything runs.
@@ -181,9 +187,10 @@ def replay(folder: Path, verbose: bool = False, engine: str = "reference") -> in
     if errors:
         raise StreamError(errors)
     bad = not_taken = 0
+    graded: Counter = Counter()
     for path in paths:
         try:
-            d, golden, mine = replay_one(path, engine=engine)
+            d, golden, mine = replay_one(path, engine=engine, fields=fields)
         except StaleTrace as exc:
             print(f"{path.name}: STALE: {exc}")
             bad += 1
@@ -193,6 +200,7 @@ def replay(folder: Path, verbose: bool = False, engine: str = "reference") -> in
                 print(f"{path.name}: not taken: {exc}")
             not_taken += 1
             continue
+        graded[level_held(golden, mine)[0]] += 1
         if d is not None:
             print(f"{path.name}: {report(golden, mine, d)}")
             failed = mine.get("verdict") == "engine_failure"
@@ -203,7 +211,13 @@ def replay(folder: Path, verbose: bool = False, engine: str = "reference") -> in
                       f"{mine['failure']['message']}")
             bad += 1
         elif verbose:
-            print(f"{path.name}: {engine} matches vLLM {golden['vllm_version']}")
+            on = "" if fields is None else f" ({label(fields)})"
+            print(f"{path.name}: {engine} matches vLLM {golden['vllm_version']}{on}")
+    if engine != "reference":
+        print("highest level held: " + (", ".join(
+            f"{level or 'none'} {graded[level]}" for level in (*reversed(LEVELS), None)
+            if graded[level]) or "-"))
     print(f"{len(paths) - bad - not_taken} match, {bad} do not"
-          + (f", {not_taken} not taken by {engine}" if not_taken else ""))
+          + (f", {not_taken} not taken by {engine}" if not_taken else "")
+          + ("" if fields is None else f"; compared: {label(fields)}"))
     return 0 if bad == 0 else 1

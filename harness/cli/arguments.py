@@ -48,17 +48,17 @@ def non_negative_int(text: str) -> int:
     return value
 
 
-def output_folder(text: str) -> Path:
+def output_folder(text: str, flag: str = "-o") -> Path:
     """An output folder: created if missing; an existing file or an unwritable folder is refused."""
     path = Path(text)
     if path.exists() and not path.is_dir():
-        raise UsageError(f"-o {text}: is a file, not a folder")
+        raise UsageError(f"{flag} {text}: is a file, not a folder")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UsageError(f"-o {text}: cannot create the folder: {exc.strerror}") from None
+        raise UsageError(f"{flag} {text}: cannot create the folder: {exc.strerror}") from None
     if not os.access(path, os.W_OK | os.X_OK):
-        raise UsageError(f"-o {text}: the folder is not writable")
+        raise UsageError(f"{flag} {text}: the folder is not writable")
     return path
 
 

@@ -67,17 +67,19 @@ def cmd_trace(ns) -> int:
     return trace_streams(engine, streams, out)
 
 
+def compared_fields(ns) -> tuple[str, ...] | None:
+    """The fields ``--level`` or ``--fields`` name (None: every field)."""
+    from harness.checks.levels import LevelError, fields_of
+    try:
+        return fields_of(ns.level, ns.fields)
+    except LevelError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def cmd_profile(ns) -> int:
     from harness.checks.properties import PROPERTIES
-    from harness.formats.trace import STEP_FIELDS
     from harness.jobs.engine_profile import profile
-    fields = None
-    if ns.fields:
-        fields = [f.strip() for f in ns.fields.split(",") if f.strip()]
-        unknown = [f for f in fields if f not in (*STEP_FIELDS, "kv_cache")]
-        if unknown or not fields:
-            raise UsageError(f"--fields: {', '.join(unknown) or 'none given'} not a step field "
-                             f"(kv_cache, {', '.join(STEP_FIELDS)})")
+    fields = compared_fields(ns)
     names = [p.name for p in PROPERTIES]
     unknown = [f for f in ns.families or () if f not in names]
     if unknown:
@@ -123,8 +125,11 @@ def cmd_serve(ns) -> int:
 def cmd_check(ns) -> int:
     from harness.checks.conformance import check_streams
     engines = vllm_engines(ns.engines)
+    fields = compared_fields(ns)
     streams = load_all(ns.streams)
-    ok, total = check_streams(streams, as_json=ns.json, engines=engines)
+    folder = output_folder(ns.counterexamples, "--counterexamples") if ns.counterexamples else None
+    ok, total = check_streams(streams, as_json=ns.json, engines=engines, fields=fields,
+                              folder=folder)
     if not ns.json:
         skipped = len(streams) * len(engines) - total
         print(f"{ok} equal, {total - ok} different"
@@ -151,9 +156,10 @@ def cmd_replay(ns) -> int:
     folder = Path(ns.traces) if ns.traces else golden_dir("0.11.0")
     if not folder.is_dir():
         raise UsageError(f"{folder}: no such folder")
+    fields = compared_fields(ns)
     if ns.engine != "reference":
         get_engine(ns.engine)
-    return replay(folder, verbose=True, engine=ns.engine)
+    return replay(folder, verbose=True, engine=ns.engine, fields=fields)
 
 
 def cmd_capture_check(ns) -> int:

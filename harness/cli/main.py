@@ -42,6 +42,16 @@ from harness.engines import EngineUnavailable, UnknownEngine
 from harness.formats.stream import StreamError
 
 
+def _compared_options(parser) -> None:
+    """``--level`` and ``--fields``: what of the traces is compared (harness.checks.levels)."""
+    parser.add_argument("--level", default=None,
+                        help="compare up to this fidelity level: tokens, preemptions, "
+                             "prefix_hits, exact (default: exact, every field)")
+    parser.add_argument("--fields", default=None, metavar="F1,F2",
+                        help="compare only these step fields (e.g. scheduled,preempted); "
+                             "not with --level")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="python -m harness", description=__doc__,
                formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -63,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the engines to compare with the reference, comma-separated: "
                         "vllm (the harness's step loop), vllm-core (vLLM's EngineCore), or "
                         "module:Class (an engine of your own); default vllm")
+    _compared_options(c)
+    c.add_argument("--counterexamples", default=None, metavar="DIR",
+                   help="folder for the streams that diverge or make an engine fail "
+                        "(default: $HARNESS_COUNTEREXAMPLES or counterexamples/)")
     c.set_defaults(func=commands.cmd_check)
 
     tb = sub.add_parser("table", help="per-step table of one stream")
@@ -81,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--engine", default="reference", type=engine_name,
                     help="the engine replaying them: reference (default), or module:Class "
                          "(an engine of your own, against vLLM's recorded traces)")
+    _compared_options(rp)
     rp.set_defaults(func=commands.cmd_replay)
 
     pf = sub.add_parser("profile", help="an engine's conformance per family of rules, and the "
@@ -88,9 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     pf.add_argument("--engine", required=True, type=engine_name,
                     help="module:Class, cmd:<command>, or any engine name")
     pf.add_argument("--streams", type=positive_int, default=50, help="streams per family")
-    pf.add_argument("--fields", default=None, metavar="F1,F2",
-                    help="compare only these step fields (e.g. scheduled,preempted: token "
-                         "counts, block ids free); default every field")
+    _compared_options(pf)
     pf.add_argument("--against", default="reference",
                     help="what the engine is judged against: reference (default), vllm, vllm-core")
     pf.add_argument("--families", nargs="+", default=None, metavar="FAMILY",

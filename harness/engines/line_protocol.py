@@ -108,6 +108,9 @@ class ProcessEngine:
         self.name = str(hello.get("name") or command)
         self._version = str(hello.get("version") or "unknown")
         self.implements = set(hello.get("implements") or ())
+        declared = hello.get("features")
+        # The stream features it models (harness.formats.features); None: not declared.
+        self.features = None if declared is None else frozenset(declared)
         self._sent: dict[int, int] = {}  # id() of a Scheduled returned -> the engine's id
 
     # The protocol: one line out, one line back.
@@ -266,6 +269,8 @@ def serve(engine, stdin: IO[str] = sys.stdin, stdout: IO[str] = sys.stdout) -> i
                 result = {"name": getattr(engine, "name", type(engine).__name__),
                           "version": engine.version() if hasattr(engine, "version") else None,
                           "implements": implements, "protocol": PROTOCOL}
+                if getattr(engine, "features", None) is not None:
+                    result["features"] = sorted(engine.features)
             elif name == "start":
                 stream = parse_stream(call["stream"])
                 by_id = {r.id: r for r in stream.requests}

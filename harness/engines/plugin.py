@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from harness.formats import features as feature_space
 from harness.formats.stream import Stream
 
 #: The methods every plugged-in engine has.
@@ -46,6 +47,11 @@ FEATURES: dict[str, tuple[str, Callable[[Stream], bool]]] = {
     "kv_cache_header": ("a pool sized from memory (kv_cache_memory_bytes)",
                         lambda s: s.config.kv_cache_memory_bytes is not None),
 }
+
+
+#: Optional methods that only observe: an engine without them takes the streams that use
+#: them, and its traces carry no stats or events (they differ only where those are compared).
+OBSERVING = {"stats": lambda: None, "kv_events": lambda: []}
 
 
 class PluginError(ValueError):
@@ -76,6 +82,12 @@ def load_plugin(spec: str) -> "Plugged":
     if missing:
         raise PluginError(f"--engine {spec}: {class_name} lacks {', '.join(missing)} "
                           f"(an engine has {', '.join(CORE)})")
+    declared = getattr(engine, "features", None)
+    if declared is not None:
+        try:
+            feature_space.check_declared(declared, f"--engine {spec}: {class_name}.features")
+        except ValueError as exc:
+            raise PluginError(str(exc)) from None
     return Plugged(engine, spec)
 
 
@@ -88,15 +100,31 @@ class Plugged:
         self.lacks = tuple(m for m in FEATURES if not callable(getattr(engine, m, None)))
 
     def __getattr__(self, attr):
+        if attr in OBSERVING and not callable(getattr(self.engine, attr, None)):
+            return OBSERVING[attr]
         return getattr(self.engine, attr)
 
     def refuses(self, stream: Stream) -> str | None:
         for method in self.lacks:
             feature, needs = FEATURES[method]
+            if method in OBSERVING:
+                continue  # its fields are left empty; only a level that compares them sees it
             if needs(stream):
                 return f"{self.name} has no {method}(): it does not take {feature}"
+        declared = self.features
+        if declared is not None:
+            lacks = feature_space.missing(stream.to_json(), declared)
+            if lacks:
+                return f"{self.name} does not model {feature_space.DESCRIBED[lacks[0]]}"
         own = getattr(self.engine, "refuses", None)
         return own(stream) if callable(own) else None
+
+    @property
+    def features(self) -> frozenset[str] | None:
+        """The stream features the engine declares it models (harness.formats.features);
+        None when it declares none (it is then given every stream its calls allow)."""
+        declared = getattr(self.engine, "features", None)
+        return None if declared is None else frozenset(declared)
 
     def _own(self, method: str, default: Callable[[], Any]) -> Any:
         """The engine's own ``method()`` where it has one, else ``default()``."""

@@ -26,19 +26,21 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis.errors import Flaky
 
 from harness.checks.diff import first_divergence, only_fields
+from harness.checks.levels import LEVELS, level_held
+from harness.formats import features as feature_space
 from harness.engines import get_engine
 from harness.checks.mutants import REFERENCE_MUTANTS
 from harness.formats.mutant import Mutant
 from harness.formats.paths import write_json
 from harness.checks.properties import PROPERTIES, Property
 from harness.loop.runner import run
-from harness.formats.stream import Stream, parse_stream
+from harness.formats.stream import Stream, StreamError, parse_stream
 from harness.formats.text import markdown_table
 
 #: Divergent streams per family whose rules are looked for (each costs a run per mutant).
@@ -62,13 +64,38 @@ class Family:
     rules: Counter = field(default_factory=Counter)  # rule (or "a + b") -> streams it explains
     unexplained: int = 0
     why_not_taken: str = ""
+    # Not run: every stream of the family needs a feature the engine does not model.
+    outside: str = ""
+    # Why streams were not taken, with how many.
+    refusals: Counter = field(default_factory=Counter)
+    # The highest fidelity level each taken stream held (harness.checks.levels), counted.
+    levels: Counter = field(default_factory=Counter)
+
+    @property
+    def taken(self) -> int:
+        return self.streams - self.not_taken
+
+    def held_at(self, level: str) -> int:
+        """Taken streams that conform at ``level`` (or a higher one)."""
+        order = list(LEVELS)
+        return sum(n for held, n in self.levels.items()
+                   if held is not None and order.index(held) >= order.index(level))
 
     def row(self) -> list[str]:
+        if self.outside:
+            return [self.name, "-", "-", "-", "-", "-", f"outside: {self.outside}", "-"]
         rules = ", ".join(f"{r} ({n})" for r, n in sorted(self.rules.items())) or "-"
         if self.unexplained:
             rules += f"; {self.unexplained} unexplained"
         return [self.name, str(self.streams), str(self.conform), str(self.diverge),
-                str(self.not_taken), self.first or "-", rules if self.diverge else "-"]
+                str(self.not_taken), self.graded(), self.first or "-",
+                rules if self.diverge else "-"]
+
+    def graded(self) -> str:
+        """The taken streams by the highest fidelity level each held, highest first."""
+        order = [*reversed(LEVELS), None]
+        return ", ".join(f"{level or 'none'} {self.levels[level]}" for level in order
+                         if self.levels[level]) or "-"
 
 
 @dataclass
@@ -77,6 +104,8 @@ class Profile:
     against: str
     fields: tuple[str, ...] | None
     families: list[Family]
+    # The stream features the engine declares (None: undeclared; streams are drawn whole).
+    features: frozenset[str] | None = None
 
     @property
     def rules(self) -> list[str]:
@@ -88,13 +117,31 @@ class Profile:
     def conforms(self) -> bool:
         return not any(f.diverge for f in self.families)
 
+    @property
+    def generated(self) -> int:
+        """Streams drawn in the families inside the engine's features."""
+        return sum(f.streams for f in self.families if not f.outside)
+
+    @property
+    def taken(self) -> int:
+        return sum(f.taken for f in self.families if not f.outside)
+
+    @property
+    def refusals(self) -> Counter:
+        return sum((f.refusals for f in self.families), Counter())
+
     def text(self) -> str:
         compared = "every step field" if self.fields is None else ", ".join(self.fields)
-        header = ["family", "streams", "conform", "diverge", "not taken", "first divergence",
-                  "rules broken (streams they explain)"]
+        header = ["family", "streams", "conform", "diverge", "not taken", "level held",
+                  "first divergence", "rules broken (streams they explain)"]
         lines = [f"engine {self.engine} against {self.against}; compared: {compared}", "",
                  markdown_table([header, *(f.row() for f in self.families)]), ""]
         lines.append("rules broken: " + (", ".join(self.rules) or "none found"))
+        if self.generated:
+            lines.append(f"taken: {self.taken} of {self.generated} streams "
+                         f"({100 * self.taken / self.generated:.0f}%)")
+        for why, n in self.refusals.most_common():
+            lines.append(f"  not taken ({n}): {why}")
         unexplained = sum(f.unexplained for f in self.families)
         if unexplained:
             lines.append(f"{unexplained} divergent stream(s) explained by no mutant or pair "
@@ -104,17 +151,26 @@ class Profile:
     def to_json(self) -> dict[str, Any]:
         return {"engine": self.engine, "against": self.against,
                 "fields": list(self.fields) if self.fields else None,
+                "features": None if self.features is None else sorted(self.features),
                 "rules_broken": self.rules, "conforms": self.conforms,
-                "families": [{**f.__dict__, "rules": dict(f.rules)} for f in self.families]}
+                "generated": self.generated, "taken": self.taken,
+                "refusals": dict(self.refusals.most_common()),
+                "families": [{**f.__dict__, "rules": dict(f.rules),
+                              "refusals": dict(f.refusals.most_common()),
+                              "levels": {str(k): v for k, v in sorted(
+                                  f.levels.items(), key=lambda kv: str(kv[0]))}}
+                             for f in self.families]}
 
 
-def draw(prop: Property, n: int) -> list[dict[str, Any]]:
-    """``n`` streams of the property's strategy, the same on every run."""
+def draw(prop: Property, n: int, inside: Callable[[dict], dict] = lambda d: d
+         ) -> list[dict[str, Any]]:
+    """``n`` streams of the property's strategy, the same on every run, each made to fit
+    ``inside`` (an engine's declared features)."""
     drawn: list[dict[str, Any]] = []
 
     @seed(prop.seed)
     @settings(max_examples=n, phases=[Phase.generate], **_QUIET)
-    @given(prop.strategy())
+    @given(prop.strategy().map(inside))
     def collect(data):
         drawn.append(data)
 
@@ -122,18 +178,37 @@ def draw(prop: Property, n: int) -> list[dict[str, Any]]:
     return drawn[:n]
 
 
+#: Features on by default in the stream format: a family using them is not about them.
+_DEFAULTS = frozenset({"prefix_caching", "chunked_prefill", "eos", "stop_tokens"})
+
+
+def outside(drawn: list[dict[str, Any]], declared: frozenset[str] | None) -> str:
+    """Why a family is outside the declared features ("" when inside): every one of its
+    streams needs a feature the engine does not model, one that is not a default of the
+    format (fitting it away would leave nothing of the family)."""
+    if declared is None or not drawn:
+        return ""
+    lacking = [set(feature_space.missing(d, declared)) - _DEFAULTS for d in drawn]
+    common = set.intersection(*lacking)
+    if not common:
+        return ""
+    return "needs " + ", ".join(feature_space.DESCRIBED[f] for f in feature_space.FEATURES
+                                if f in common)
+
+
 class _Diverged(Exception):
     pass
 
 
-def shrink(prop: Property, n: int, diverges) -> dict[str, Any] | None:
+def shrink(prop: Property, n: int, diverges,
+           inside: Callable[[dict], dict] = lambda d: d) -> dict[str, Any] | None:
     """The smallest stream of the property's that still diverges, as hypothesis shrinks
     it from the first of its ``n`` streams that does."""
     last: dict[str, Any] = {}
 
     @seed(prop.seed)
     @settings(max_examples=n, phases=[Phase.generate, Phase.shrink], **_QUIET)
-    @given(prop.strategy())
+    @given(prop.strategy().map(inside))
     def hunt(data):
         if diverges(data):
             last["stream"] = data
@@ -163,9 +238,19 @@ class Judge:
     def refuses(self, stream: Stream) -> str | None:
         return self.engine.refuses(stream) or self.against.refuses(stream)
 
+    @property
+    def features(self) -> frozenset[str] | None:
+        return getattr(self.engine, "features", None)
+
     def compare(self, stream: Stream):
-        mine = self.view(run(self.engine, stream))
-        return first_divergence(self.view(run(self.against, stream)), mine), mine
+        """The first divergence on the compared fields, the engine's trace as compared, and
+        the highest fidelity level the engine held on the stream."""
+        mine, theirs = run(self.engine, stream).to_json(), run(self.against, stream).to_json()
+        view = self.view_json
+        return first_divergence(view(theirs), view(mine)), view(mine), level_held(theirs, mine)[0]
+
+    def view_json(self, data: dict[str, Any]) -> dict[str, Any]:
+        return only_fields(data, self.fields) if self.fields else data
 
     def explained_by(self, stream: Stream, mine: dict, mutants: Iterable[Mutant]) -> bool:
         """Whether the reference with ``mutants`` all applied gives the engine's trace."""
@@ -206,20 +291,36 @@ def profile(engine: str, streams: int = 50, fields: Sequence[str] | None = None,
             on_family=None) -> Profile:
     judge = Judge(engine, against, fields)
     props = [p for p in PROPERTIES if families is None or p.name in families]
-    result = Profile(engine, against, judge.fields, [])
+    declared = judge.features
+    result = Profile(engine, against, judge.fields, [], declared)
+    inside = (lambda d: d) if declared is None else (lambda d: feature_space.fit(d, declared))
     named: set[str] = set()
     for prop in props:
         fam = Family(prop.name)
         divergent: list[tuple[Stream, dict]] = []
-        for index, data in enumerate(draw(prop, streams)):
-            stream = parse_stream(data)
+        drawn = draw(prop, streams)
+        fam.outside = outside(drawn, declared)
+        if fam.outside:
+            result.families.append(fam)
+            if on_family is not None:
+                on_family(fam)
+            continue
+        for index, data in enumerate(map(inside, drawn)):
             fam.streams += 1
-            why = judge.refuses(stream)
+            try:
+                stream = parse_stream(data)
+            except StreamError as exc:  # fitting it to the features broke a rule
+                why = f"fitted to the engine's features, the stream breaks {exc.errors[0]}"
+                stream = None
+            else:
+                why = judge.refuses(stream)
             if why is not None:
                 fam.not_taken += 1
                 fam.why_not_taken = fam.why_not_taken or why
+                fam.refusals[why] += 1
                 continue
-            d, mine = judge.compare(stream)
+            d, mine, held = judge.compare(stream)
+            fam.levels[held] += 1
             if d is None:
                 fam.conform += 1
                 continue
@@ -247,9 +348,12 @@ def profile(engine: str, streams: int = 50, fields: Sequence[str] | None = None,
                 named.update(rule.split(" + "))
         if fam.diverge and shrink_examples and folder is not None:
             def diverges(data, judge=judge):
-                s = parse_stream(data)
+                try:
+                    s = parse_stream(data)
+                except StreamError:
+                    return False
                 return judge.refuses(s) is None and judge.compare(s)[0] is not None
-            small = shrink(prop, streams, diverges)
+            small = shrink(prop, streams, diverges, inside)
             if small is not None:
                 path = folder / f"{prop.name}.json"
                 write_json(path, small)
