@@ -35,6 +35,11 @@ def pytest_addoption(parser):
                      help="the engine the conformance properties hold to the reference: vllm "
                           "(default), vllm-core, module:Class or cmd:<command> (an engine of "
                           "your own; streams it does not take pass as not taken)")
+    parser.addoption("--level", default=None, metavar="LEVEL",
+                     help="with --engine: compare up to this fidelity level (tokens, "
+                          "preemptions, prefix_hits, exact; default exact)")
+    parser.addoption("--fields", default=None, metavar="F1,F2",
+                     help="with --engine: compare only these step fields (not with --level)")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -23,7 +23,8 @@ from harness.engines.kit import Adapter, Decision, Request, SimConfig
 
 class TinySim(Adapter):
     name = "tiny-sim"
-    features = frozenset({"chunked_prefill", "eos", "stop_tokens"})
+    features = frozenset({"chunked_prefill", "long_prefill_threshold", "eos", "stop_tokens",
+                          "eos_per_request", "model_len_stop"})
 
     def build(self, config: SimConfig) -> None:
         self.c = config

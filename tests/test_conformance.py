@@ -16,6 +16,7 @@ import pytest
 from harness.checks import profiles
 from harness.checks.conformance import assert_conforms
 from harness.formats.paths import ROOT, STREAMS_DIR
+from harness.formats import features
 from harness.checks.properties import PROPERTIES, given_property
 from harness.formats.stream import parse_drawn_stream, parse_stream
 
@@ -35,19 +36,27 @@ UNDER_TEST: list = []
 def _engines(request, vllm_engine):
     """Import vLLM once per process (the session fixture skips with a reason); with
     ``--engine E``, E is held to the reference instead."""
+    from harness.checks import conformance
+    from harness.checks.levels import LevelError, fields_of
     from harness.engines import UnknownEngine, get_engine
     name = request.config.getoption("--engine")
     try:
         UNDER_TEST[:] = [get_engine(name) if name else vllm_engine]
-    except UnknownEngine as exc:
+        conformance.COMPARED = fields_of(request.config.getoption("--level"),
+                                         request.config.getoption("--fields"))
+    except (UnknownEngine, LevelError) as exc:
         pytest.exit(f"error: {exc}", returncode=2)
     yield UNDER_TEST[0]
     UNDER_TEST.clear()
+    conformance.COMPARED = None
 
 
 def _property_test(prop):
     def check(data):
         engine = UNDER_TEST[0]
+        declared = getattr(engine, "features", None)
+        if declared is not None:  # drawn inside the features the engine declares
+            data = features.fit(data, declared, getattr(engine, "always_on", ()))
         stream = parse_drawn_stream(data)
         if engine.name != "vllm" and engine.refuses(stream) is not None:
             return  # not taken by this engine

@@ -50,8 +50,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("checks", "checks.diff", "checks.kv_sizing", "checks.seed_table", "checks.profiles",
      "checks.rule_watch", "checks.mutants.registry", "checks.mutants.applies",
      "checks.strategies.draws"),
-    # fidelity levels: what of two traces is compared
-    ("checks.levels",),
+    # fidelity levels: what of two traces is compared; simulators' design differences
+    ("checks.levels", "checks.designs"),
     # comparing engines on one stream; recorded traces; the mutants by part of vLLM;
     # configs
     ("checks.conformance", "checks.golden", "checks.mutants.kv_cache",
@@ -76,7 +76,7 @@ LAYERS: list[tuple[str, ...]] = [
      "jobs.workload_report"),
     # the suspect lines of an unexplained divergence (it runs the old release in its side
     # environment)
-    ("jobs.suspects",),
+    ("jobs.suspects", "jobs.certify"),
     # where chunks run; portable fixture sets; the upgrade check inside a newer release and
     # from the base environment
     ("jobs.workers", "jobs.export", "jobs.upgrade_campaign", "jobs.upgrade_check"),

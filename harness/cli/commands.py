@@ -76,6 +76,55 @@ def compared_fields(ns) -> tuple[str, ...] | None:
         raise UsageError(str(exc)) from None
 
 
+def cmd_certify(ns) -> int:
+    from harness.checks.levels import LEVELS
+    from harness.checks.properties import PROPERTIES
+    from harness.jobs.certify import certify
+    from reference import releases
+    if ns.level not in LEVELS:
+        raise UsageError(f"--level: {ns.level[:40]!r} is not a level ({', '.join(LEVELS)})")
+    names = [p.name for p in PROPERTIES]
+    unknown = [f for f in ns.families or () if f not in names]
+    if unknown:
+        raise UsageError(f"--families: no family {', '.join(unknown)} ({', '.join(names)})")
+    if ns.release is not None and not releases.is_described(ns.release):
+        raise UsageError(f"--release: {ns.release[:20]!r} is not a release the reference "
+                         f"describes ({releases.RELEASES[0]} to {releases.RELEASES[-1]})")
+    engine = get_engine(ns.engine)  # one that does not load stops here, nothing written
+    release = ns.release or engine.version()
+    if not releases.is_described(release):
+        raise UsageError(f"--release: {ns.engine} claims {release!r}, not a release the "
+                         "reference describes; name one")
+    folder = output_folder(ns.output)
+
+    def progress(fam) -> None:
+        print(f"{fam.name}: " + (fam.outside if fam.outside else
+                                 f"{fam.conform}/{fam.taken} conform of {fam.streams}"),
+              file=sys.stderr, flush=True)
+
+    report = certify(ns.engine, release, ns.streams, ns.level, ns.families, folder, progress)
+    print(f"{report['engine']} held to vLLM {release}: {report['taken']} of "
+          f"{report['generated']} streams taken ({report['share_taken']:g}%), level reached: "
+          f"{report['level_reached'] or 'none'}; " + ", ".join(
+              f"{lvl} {n}" for lvl, n in report["conforming"].items())
+          + f"; report in {folder}")
+    return EXIT_OK if report["level_reached"] == "exact" else EXIT_DIFF
+
+
+def cmd_compliance(ns) -> int:
+    from harness.jobs.certify import compliance_table
+    reports = []
+    for text in ns.reports:
+        try:
+            reports.append(json.loads(Path(text).read_text()))
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"{text}: not a certificate's report.json ({exc})") from None
+        if not isinstance(reports[-1], dict) or "conforming" not in reports[-1]:
+            raise UsageError(f"{text}: not a certificate's report.json (no 'conforming')")
+    print(compliance_table(reports))
+    return EXIT_OK
+
+
 def cmd_profile(ns) -> int:
     from harness.checks.properties import PROPERTIES
     from harness.jobs.engine_profile import profile

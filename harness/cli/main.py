@@ -1,6 +1,6 @@
 """``python -m harness`` (or ``vllm-conformance``): trace, check, table, record, replay,
 fuzz, coverage, reach, mutants, conformance, bench, race, serve, profile,
-export, import, workload.
+certify, compliance, export, import, workload.
 
 Exit codes:
 
@@ -97,6 +97,26 @@ def build_parser() -> argparse.ArgumentParser:
                          "(an engine of your own, against vLLM's recorded traces)")
     _compared_options(rp)
     rp.set_defaults(func=commands.cmd_replay)
+
+    cf = sub.add_parser("certify", help="hold an engine to the reference of the vLLM release "
+                                        "it claims: report.md, report.json, badge.svg")
+    cf.add_argument("engine", type=engine_name,
+                    help="module:Class, cmd:<command>, or any engine name")
+    cf.add_argument("--release", default=None,
+                    help="the vLLM release to hold it to (default: the one the engine claims)")
+    cf.add_argument("--streams", type=positive_int, default=50, help="streams per family")
+    cf.add_argument("--level", default="exact",
+                    help="the fidelity level divergences are explained on: tokens, "
+                         "preemptions, prefix_hits, exact (default); every level is reported")
+    cf.add_argument("--families", nargs="+", default=None, metavar="FAMILY",
+                    help="only these families (the conformance properties' names)")
+    cf.add_argument("-o", "--output", required=True,
+                    help="folder for the report, the badge and the counterexamples")
+    cf.set_defaults(func=commands.cmd_certify)
+
+    ct = sub.add_parser("compliance", help="the compliance table of certificates (Markdown)")
+    ct.add_argument("reports", nargs="+", help="report.json files written by certify")
+    ct.set_defaults(func=commands.cmd_compliance)
 
     pf = sub.add_parser("profile", help="an engine's conformance per family of rules, and the "
                                         "rules of vLLM it breaks")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 from pathlib import Path
 
 ENGINE_NAMES = ("vllm", "vllm-core", "reference")
@@ -162,6 +163,9 @@ def vllm_kv_sizes(model_dir: Path, block_size: int, max_model_len: int) -> tuple
 @contextlib.contextmanager
 def _vllm_importable():
     """Turn a missing vLLM (or a name gone from it) into EngineUnavailable."""
+    if importlib.util.find_spec("vllm") is None:  # before the adapters import numpy and torch
+        raise EngineUnavailable("vLLM cannot be driven: vllm is not installed "
+                                "(pip install -e '.[vllm]')")
     try:
         yield
     except ModuleNotFoundError as exc:
@@ -179,5 +183,6 @@ def _one_line(exc: BaseException) -> str:
 
 def gpu_available() -> bool:
     """Whether torch sees a CUDA device (the GPU half of ``make gpu-check``)."""
-    import torch
+    with _vllm_importable():
+        import torch
     return bool(torch.cuda.is_available())

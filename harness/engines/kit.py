@@ -110,6 +110,8 @@ class Adapter:
     release = "0.11.0"
     #: The features of the stream format it models (harness.formats.features).
     features: frozenset[str] = frozenset()
+    #: Features it cannot turn off: streams drawn for it have them on.
+    always_on: frozenset[str] = frozenset()
     #: Whether the kit shifts page ids past vLLM's null page.
     null_page = True
 
@@ -190,6 +192,7 @@ class Adapter:
     def schedule(self) -> Scheduled:
         told, self._told = self._told, []
         decision = self.decide()
+        self._check(decision)
         self._last = decision
         if not decision.scheduled and not decision.preempted:
             out = nothing_scheduled()
@@ -208,7 +211,7 @@ class Adapter:
                 new = table
             else:
                 kind = RUNNING
-                new = table[self._handed.get(rid, 0):]
+                new = None if table is None else table[self._handed.get(rid, 0):]
             if table is not None:
                 self._handed[rid] = len(table)
             blocks = None if table is None or (kind == RUNNING and not new) else [new]
@@ -265,6 +268,29 @@ class Adapter:
         """Whether the simulator keeps page ids (its adapter maps :meth:`pages`)."""
         return type(self).pages is not Adapter.pages
 
+    def _check(self, d: Decision) -> None:
+        """A decision the harness cannot turn into a step is the simulator's failure, said
+        in one line: an id twice, no tokens, a request not running, one past its stop."""
+        seen = set()
+        for rid, n in d.scheduled:
+            if rid in seen:
+                raise ValueError(f"{self.name} scheduled {rid} twice in one step")
+            seen.add(rid)
+            if rid not in self._requests:
+                raise ValueError(f"{self.name} scheduled {rid}, which never arrived")
+            if self._status[rid].startswith("FINISHED"):
+                raise ValueError(f"{self.name} scheduled {rid} after it finished "
+                                 f"({self._status[rid]})")
+            if n <= 0:
+                raise ValueError(f"{self.name} scheduled {rid} for {n} tokens")
+            r = self._requests[rid]
+            if len(r.outputs) >= r.num_outputs_to_stop:
+                raise ValueError(f"{self.name} kept {rid} running past the output at which "
+                                 f"vLLM stops it ({r.num_outputs_to_stop} outputs)")
+        for rid in d.preempted:
+            if rid not in self._requests:
+                raise ValueError(f"{self.name} preempted {rid}, which never arrived")
+
     def _table(self, rid: str) -> list[int] | None:
         pages = self.pages(rid)
         return None if pages is None else [p + self._shift for p in pages]
@@ -284,3 +310,15 @@ class Adapter:
 
 def _release(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in version.split(".")[:3] if p.isdigit())
+
+
+def record_calls(obj, method: str, into: list, key=lambda *args: args[0]) -> None:
+    """Record every call of ``obj.method`` (its ``key`` of the arguments) in ``into``, in
+    order, and then make the call: how an adapter sees a simulator's preemptions without
+    changing them."""
+    original = getattr(obj, method)
+
+    def recording(*args, **kwargs):
+        into.append(key(*args, **kwargs))
+        return original(*args, **kwargs)
+    setattr(obj, method, recording)

@@ -111,6 +111,7 @@ class ProcessEngine:
         declared = hello.get("features")
         # The stream features it models (harness.formats.features); None: not declared.
         self.features = None if declared is None else frozenset(declared)
+        self.always_on = frozenset(hello.get("always_on") or ())
         self._sent: dict[int, int] = {}  # id() of a Scheduled returned -> the engine's id
 
     # The protocol: one line out, one line back.
@@ -271,6 +272,8 @@ def serve(engine, stdin: IO[str] = sys.stdin, stdout: IO[str] = sys.stdout) -> i
                           "implements": implements, "protocol": PROTOCOL}
                 if getattr(engine, "features", None) is not None:
                     result["features"] = sorted(engine.features)
+                if getattr(engine, "always_on", None):
+                    result["always_on"] = sorted(engine.always_on)
             elif name == "start":
                 stream = parse_stream(call["stream"])
                 by_id = {r.id: r for r in stream.requests}

@@ -82,10 +82,12 @@ def load_plugin(spec: str) -> "Plugged":
     if missing:
         raise PluginError(f"--engine {spec}: {class_name} lacks {', '.join(missing)} "
                           f"(an engine has {', '.join(CORE)})")
-    declared = getattr(engine, "features", None)
-    if declared is not None:
+    for attribute in ("features", "always_on"):
+        declared = getattr(engine, attribute, None)
+        if declared is None:
+            continue
         try:
-            feature_space.check_declared(declared, f"--engine {spec}: {class_name}.features")
+            feature_space.check_declared(declared, f"--engine {spec}: {class_name}.{attribute}")
         except ValueError as exc:
             raise PluginError(str(exc)) from None
     return Plugged(engine, spec)

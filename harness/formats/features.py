@@ -58,11 +58,15 @@ def _stops_on(s: Stream, kind: str) -> bool:
 
 USES: dict[str, Callable[[Stream], bool]] = {
     "chunked_prefill": lambda s: _config(s).get("enable_chunked_prefill", True),
+    "long_prefill_threshold": lambda s: _config(s).get("long_prefill_token_threshold", 0) > 0,
     "prefix_caching": lambda s: _config(s).get("enable_prefix_caching", True),
     "prefix_cache_reset": lambda s: bool(s.get("reset_prefix_cache_steps")),
     "cache_salt": _any_request("cache_salt"),
     "eos": lambda s: _stops_on(s, "eos") or any(r.get("ignore_eos") for r in _requests(s)),
     "stop_tokens": lambda s: _stops_on(s, "stop_token"),
+    "eos_per_request": lambda s: len({r.get("eos_token_id") for r in _requests(s)}) > 1,
+    "model_len_stop": lambda s: any(_capped_by_model_len(r, _config(s).get("max_model_len", 256))
+                                    for r in _requests(s)),
     "abort": _any_request("abort_step"),
     "priority": lambda s: _config(s).get("policy", "fcfs") != "fcfs",
     "prompt_logprobs": _any_request("prompt_logprobs"),
@@ -85,10 +89,13 @@ USES: dict[str, Callable[[Stream], bool]] = {
 #: What each feature is, in a phrase (refusals and reports name it).
 DESCRIBED = {
     "chunked_prefill": "chunked prefill (a prompt split over steps)",
+    "long_prefill_threshold": "a long-prefill token threshold",
     "prefix_caching": "the prefix cache",
     "prefix_cache_reset": "prefix cache resets",
     "cache_salt": "cache salts",
     "eos": "EOS (and ignore_eos)",
+    "eos_per_request": "an EOS of each request's own (not one per engine)",
+    "model_len_stop": "the stop at max_model_len",
     "stop_tokens": "stop tokens",
     "abort": "aborted requests",
     "priority": "priority scheduling",
@@ -111,7 +118,8 @@ FEATURES = tuple(USES)
 #: Features that only observe: never a reason to refuse a stream.
 OBSERVED = frozenset({"stats", "kv_events"})
 #: Features that need another: fitting one away fits these away too.
-NEEDS = {"prefix_cache_reset": "prefix_caching", "cache_salt": "prefix_caching"}
+NEEDS = {"prefix_cache_reset": "prefix_caching", "cache_salt": "prefix_caching",
+         "eos_per_request": "eos"}
 
 
 def check_declared(features: Iterable[str], who: str) -> frozenset[str]:
@@ -154,20 +162,27 @@ def _stop_kind(r: dict[str, Any], max_model_len: int) -> str:
 
 def _stop_by_length(r: dict[str, Any], max_model_len: int) -> None:
     """The request stops where its script stopped it, by length: no EOS, no stop tokens."""
-    output = r.get("output", [])
-    limit = min(len(output) if r.get("max_tokens") is None else r["max_tokens"],
-                max_model_len - len(r.get("prompt", [])))
-    stops = set(r.get("stop_token_ids") or ())
-    end = limit
-    for i, token in enumerate(output[:limit]):
-        if token in stops or (not r.get("ignore_eos") and r.get("eos_token_id") is not None
-                              and token == r["eos_token_id"]):
-            end = i + 1
-            break
-    r["output"] = list(output[:end])
+    end = _stop_end(r, max_model_len)
+    r["output"] = list(r.get("output", [])[:end])
     r["max_tokens"] = end
     for key in ("eos_token_id", "stop_token_ids", "ignore_eos"):
         r.pop(key, None)
+
+
+def _capped_by_model_len(r: dict[str, Any], max_model_len: int) -> bool:
+    """Whether the request stops because it fills the model, not at its own limit."""
+    room = max_model_len - len(r.get("prompt", []))
+    asked = len(r.get("output", [])) if r.get("max_tokens") is None else r["max_tokens"]
+    return room < asked and _stop_end(r, max_model_len) == room
+
+
+def _no_model_len_stop(s: Stream) -> None:
+    """A request stopped by the model's length asks for exactly that many outputs: it
+    stops at the same output, by its own limit."""
+    mml = _config(s).get("max_model_len", 256)
+    for r in _requests(s):
+        if _capped_by_model_len(r, mml):
+            r["max_tokens"] = mml - len(r["prompt"])
 
 
 def _drop_request_key(key: str) -> Callable[[Stream], None]:
@@ -187,7 +202,6 @@ def _drop_config(*keys: str) -> Callable[[Stream], None]:
 def _no_chunked_prefill(s: Stream) -> None:
     c = _config(s)
     c["enable_chunked_prefill"] = False
-    c.pop("long_prefill_token_threshold", None)
     c["max_num_batched_tokens"] = max(c.get("max_num_batched_tokens", 128),
                                       c.get("max_model_len", 256))
 
@@ -197,10 +211,13 @@ def _no_prefix_caching(s: Stream) -> None:
 
 
 def _no_eos(s: Stream) -> None:
+    """Requests an EOS (or ignore_eos) stopped stop by length at the same output; no
+    request names an EOS any more."""
     mml = _config(s).get("max_model_len", 256)
     for r in _requests(s):
         if _stop_kind(r, mml) == "eos" or r.get("ignore_eos"):
             _stop_by_length(r, mml)
+        r.pop("eos_token_id", None)
 
 
 def _no_stop_tokens(s: Stream) -> None:
@@ -210,6 +227,39 @@ def _no_stop_tokens(s: Stream) -> None:
             _stop_by_length(r, mml)
         else:
             r.pop("stop_token_ids", None)
+
+
+def _one_eos(s: Stream) -> None:
+    """Every request gets the first EOS named; each script is rewritten so the request
+    stops where it stopped: its own EOS becomes the common one, and the common one met
+    earlier in its output becomes another token."""
+    mml = _config(s).get("max_model_len", 256)
+    named = [r["eos_token_id"] for r in _requests(s) if r.get("eos_token_id") is not None]
+    if not named:
+        return
+    common = named[0]
+    for r in _requests(s):
+        stops = set(r.get("stop_token_ids") or ())
+        other = next(t for t in (common + 1, common - 1, common + 2, common - 2)
+                     if 0 <= t <= 100000 and t not in stops)
+        kind, end = _stop_kind(r, mml), _stop_end(r, mml)
+        output = [other if t == common else t for t in r.get("output", [])]
+        if kind == "eos":
+            output[end - 1] = common
+        r["output"], r["eos_token_id"] = output, common
+
+
+def _stop_end(r: dict[str, Any], max_model_len: int) -> int:
+    """How many outputs the request's script lets it produce."""
+    output = r.get("output", [])
+    limit = min(len(output) if r.get("max_tokens") is None else r["max_tokens"],
+                max_model_len - len(r.get("prompt", [])))
+    stops = set(r.get("stop_token_ids") or ())
+    for i, token in enumerate(output[:max(limit, 0)]):
+        if token in stops or (not r.get("ignore_eos") and r.get("eos_token_id") is not None
+                              and token == r["eos_token_id"]):
+            return i + 1
+    return limit
 
 
 def _no_priority(s: Stream) -> None:
@@ -277,10 +327,13 @@ def _no_memory_sizing(s: Stream) -> None:
 
 STRIP: dict[str, Callable[[Stream], None]] = {
     "chunked_prefill": _no_chunked_prefill,
+    "long_prefill_threshold": _drop_config("long_prefill_token_threshold"),
     "prefix_caching": _no_prefix_caching,
     "prefix_cache_reset": lambda s: s.pop("reset_prefix_cache_steps", None),
     "cache_salt": _drop_request_key("cache_salt"),
     "eos": _no_eos,
+    "eos_per_request": _one_eos,
+    "model_len_stop": _no_model_len_stop,
     "stop_tokens": _no_stop_tokens,
     "abort": _drop_request_key("abort_step"),
     "priority": _no_priority,
@@ -300,10 +353,21 @@ STRIP: dict[str, Callable[[Stream], None]] = {
 }
 
 
-def fit(stream: Stream, declared: Iterable[str]) -> Stream:
-    """The stream (its JSON) with every feature ``declared`` lacks taken out; a copy."""
+#: Features an engine may have always on (it cannot turn them off), and how a stream
+#: turns them on.
+TURN_ON: dict[str, Callable[[Stream], None]] = {
+    "prefix_caching": lambda s: _config(s).__setitem__("enable_prefix_caching", True),
+    "chunked_prefill": lambda s: _config(s).__setitem__("enable_chunked_prefill", True),
+}
+
+
+def fit(stream: Stream, declared: Iterable[str], always_on: Iterable[str] = ()) -> Stream:
+    """The stream (its JSON) with every feature ``declared`` lacks taken out, and those the
+    engine has ``always_on`` turned on; a copy."""
     have = set(declared)
     out = copy.deepcopy(stream)
+    for name in always_on:
+        TURN_ON[name](out)
     for name in FEATURES:
         lacking = name not in have or NEEDS.get(name, name) not in have
         if lacking and USES[name](out):

@@ -44,9 +44,11 @@ class FileCoverage:
 
 def vllm_core_dir() -> Path:
     """The installed vLLM's ``v1/core`` folder, found without importing vLLM."""
+    from harness.engines import EngineUnavailable
     spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("vllm is not installed")
+        raise EngineUnavailable("vLLM cannot be driven: vllm is not installed "
+                                "(pip install -e '.[vllm]')")
     return Path(list(spec.submodule_search_locations)[0]) / "v1" / "core"
 
 

@@ -35,11 +35,13 @@ from harness.checks.diff import first_divergence, only_fields
 from harness.checks.levels import LEVELS, level_held
 from harness.formats import features as feature_space
 from harness.engines import get_engine
+from harness.checks.designs import DESIGNS
 from harness.checks.mutants import REFERENCE_MUTANTS
 from harness.formats.mutant import Mutant
 from harness.formats.paths import write_json
 from harness.checks.properties import PROPERTIES, Property
 from harness.loop.runner import run
+from harness.formats.trace import ENGINE_FAILURE
 from harness.formats.stream import Stream, StreamError, parse_stream
 from harness.formats.text import markdown_table
 
@@ -70,6 +72,11 @@ class Family:
     refusals: Counter = field(default_factory=Counter)
     # The highest fidelity level each taken stream held (harness.checks.levels), counted.
     levels: Counter = field(default_factory=Counter)
+    # The engine's own failures by exception and site, counted, and one message of each.
+    crashes: Counter = field(default_factory=Counter)
+    crash_examples: dict = field(default_factory=dict)
+    # Where the divergent streams no catalogue entry explains first diverge.
+    unexplained_at: list = field(default_factory=list)
 
     @property
     def taken(self) -> int:
@@ -157,6 +164,7 @@ class Profile:
                 "refusals": dict(self.refusals.most_common()),
                 "families": [{**f.__dict__, "rules": dict(f.rules),
                               "refusals": dict(f.refusals.most_common()),
+                              "crashes": dict(f.crashes.most_common()),
                               "levels": {str(k): v for k, v in sorted(
                                   f.levels.items(), key=lambda kv: str(kv[0]))}}
                              for f in self.families]}
@@ -196,6 +204,13 @@ def outside(drawn: list[dict[str, Any]], declared: frozenset[str] | None) -> str
                                 if f in common)
 
 
+def crash_kind(message: str) -> str:
+    """A failure message cut to its exception and site: ``ValueError (kit.py:288)``."""
+    name = message.split(":", 1)[0]
+    site = message.rsplit("(", 1)[-1].rstrip(")") if message.endswith(")") else "?"
+    return f"{name} ({site})"
+
+
 class _Diverged(Exception):
     pass
 
@@ -224,11 +239,12 @@ def shrink(prop: Property, n: int, diverges,
 class Judge:
     """Runs the engine and what it is judged against on a stream; compares the traces."""
 
-    def __init__(self, engine: str, against: str, fields: Sequence[str] | None):
+    def __init__(self, engine: str, against: str, fields: Sequence[str] | None,
+                 release: str = "0.11.0"):
         self.engine = get_engine(engine)
-        self.against = get_engine("reference", "0.11.0") if against == "reference" \
+        self.against = get_engine("reference", release) if against == "reference" \
             else get_engine(against)
-        self.reference = get_engine("reference", "0.11.0")
+        self.reference = get_engine("reference", release)
         self.fields = tuple(fields) if fields else None
 
     def view(self, trace) -> dict[str, Any]:
@@ -243,30 +259,47 @@ class Judge:
         return getattr(self.engine, "features", None)
 
     def compare(self, stream: Stream):
-        """The first divergence on the compared fields, the engine's trace as compared, and
-        the highest fidelity level the engine held on the stream."""
+        """The first divergence on the compared fields, the engine's trace as compared, the
+        highest fidelity level the engine held on the stream, and the engine's own failure
+        (its message, with the site) where it failed and what it is judged against did not."""
         mine, theirs = run(self.engine, stream).to_json(), run(self.against, stream).to_json()
         view = self.view_json
-        return first_divergence(view(theirs), view(mine)), view(mine), level_held(theirs, mine)[0]
+        crash = mine["failure"]["message"] if mine["verdict"] == ENGINE_FAILURE \
+            and theirs["verdict"] != ENGINE_FAILURE else None
+        return (first_divergence(view(theirs), view(mine)), view(mine),
+                level_held(theirs, mine)[0], crash)
 
     def view_json(self, data: dict[str, Any]) -> dict[str, Any]:
         return only_fields(data, self.fields) if self.fields else data
 
     def explained_by(self, stream: Stream, mine: dict, mutants: Iterable[Mutant]) -> bool:
         """Whether the reference with ``mutants`` all applied gives the engine's trace."""
+        return self.reach(stream, mine, mutants) is None
+
+    def reach(self, stream: Stream, mine: dict, mutants: Iterable[Mutant]) -> int | None:
+        """How far the reference with ``mutants`` all applied follows the engine's trace: the
+        step of the first divergence (-1: the pool differs; the number of steps: only the
+        ending), or None when it gives the engine's trace."""
         from contextlib import ExitStack
         with ExitStack() as stack:
             for m in mutants:
                 stack.enter_context(m.patch())
             theirs = self.view(run(self.reference, stream))
-        return first_divergence(theirs, mine) is None
+        d = first_divergence(theirs, mine)
+        if d is None:
+            return None
+        if d.step is None:
+            return -1 if d.field == "kv_cache" else len(mine["steps"])
+        return d.step
 
 
 def candidates(stream: Stream) -> list[Mutant]:
-    """The reference's mutants of vLLM 0.11.0's rules that could change this stream."""
+    """The reference's mutants of vLLM 0.11.0's rules that could change this stream, then
+    the design differences of simulators (harness.checks.designs)."""
     return [m for m in REFERENCE_MUTANTS
             if m.patch is not None and not m.equivalent and m.release is None
-            and m.checked_by == "streams" and (m.applies is None or m.applies(stream))]
+            and m.checked_by == "streams" and (m.applies is None or m.applies(stream))] \
+        + list(DESIGNS)
 
 
 def explain_alone(judge: Judge, stream: Stream, mine: dict) -> str | None:
@@ -285,15 +318,48 @@ def explain_pair(judge: Judge, stream: Stream, mine: dict, named: set[str]) -> s
     return None
 
 
+#: At most this many catalogue entries together explain one stream.
+MAX_COMBINED = 5
+
+
+def explain_combined(judge: Judge, stream: Stream, mine: dict, named: set[str]) -> str | None:
+    """``a + b + c ...``: the design differences and the rules named so far, added one at a
+    time, each the one that carries the reference furthest along the engine's trace,
+    until together they reproduce it (a simulator often differs in several designs at
+    once)."""
+    pool = list(DESIGNS) + [m for m in candidates(stream) if m.name in named
+                            and m.side != "design"]
+    chosen: list[Mutant] = []
+    reach = judge.reach(stream, mine, chosen)
+    while len(chosen) < MAX_COMBINED:
+        best = None
+        for m in pool:
+            if m in chosen:
+                continue
+            r = judge.reach(stream, mine, [*chosen, m])
+            if r is None:
+                return " + ".join(sorted(x.name for x in (*chosen, m)))
+            if r > reach and (best is None or r > best[0]):
+                best = (r, m)
+        if best is None:
+            return None
+        reach = best[0]
+        chosen.append(best[1])
+    return None
+
+
 def profile(engine: str, streams: int = 50, fields: Sequence[str] | None = None,
             against: str = "reference", families: Sequence[str] | None = None,
             folder: Path | None = None, shrink_examples: bool = True,
-            on_family=None) -> Profile:
-    judge = Judge(engine, against, fields)
+            on_family=None, release: str = "0.11.0",
+            explain_per_family: int = EXPLAINED_PER_FAMILY) -> Profile:
+    judge = Judge(engine, against, fields, release)
     props = [p for p in PROPERTIES if families is None or p.name in families]
     declared = judge.features
     result = Profile(engine, against, judge.fields, [], declared)
-    inside = (lambda d: d) if declared is None else (lambda d: feature_space.fit(d, declared))
+    always_on = getattr(judge.engine, "always_on", ())
+    inside = (lambda d: d) if declared is None else \
+        (lambda d: feature_space.fit(d, declared, always_on))
     named: set[str] = set()
     for prop in props:
         fam = Family(prop.name)
@@ -319,16 +385,20 @@ def profile(engine: str, streams: int = 50, fields: Sequence[str] | None = None,
                 fam.why_not_taken = fam.why_not_taken or why
                 fam.refusals[why] += 1
                 continue
-            d, mine, held = judge.compare(stream)
+            d, mine, held, crash = judge.compare(stream)
             fam.levels[held] += 1
+            if crash:
+                kind = crash_kind(crash)
+                fam.crashes[kind] += 1
+                fam.crash_examples.setdefault(kind, crash)
             if d is None:
                 fam.conform += 1
                 continue
             fam.diverge += 1
             if not fam.first:
                 fam.first = f"stream {index}, step {d.step}, {d.field}"
-            if len(divergent) < EXPLAINED_PER_FAMILY:
-                divergent.append((stream, mine))
+            if len(divergent) < explain_per_family and not crash:
+                divergent.append((stream, mine))  # a crash is a defect, not a design
         # Single rules first, over all the family's divergent streams; then pairs with a
         # rule named so far (here or in an earlier family) for the streams left over.
         left = []
@@ -340,9 +410,12 @@ def profile(engine: str, streams: int = 50, fields: Sequence[str] | None = None,
                 fam.rules[rule] += 1
                 named.add(rule)
         for stream, mine in left:
-            rule = explain_pair(judge, stream, mine, named)
+            rule = explain_pair(judge, stream, mine, named) \
+                or explain_combined(judge, stream, mine, named)
             if rule is None:
                 fam.unexplained += 1
+                d = first_divergence(judge.view_json(run(judge.against, stream).to_json()), mine)
+                fam.unexplained_at.append(f"{stream.sha256()[:10]}: step {d.step}, {d.field}")
             else:
                 fam.rules[rule] += 1
                 named.update(rule.split(" + "))

@@ -131,7 +131,12 @@ def _lose_the_rest(chunks: list[Chunk], gathered: Gathered, why: str) -> None:
 def run_on_ray(chunks: list[Chunk], gathered: Gathered, profile: str, engines: tuple[str, ...],
                progress: Progress, stop: threading.Event, address: str | None) -> None:
     """One Ray task per chunk on the cluster at ``address`` (None: a local instance)."""
-    import ray
+    try:
+        import ray
+    except ModuleNotFoundError:  # Ray comes with vLLM, whose engines the campaign runs
+        from harness.engines import EngineUnavailable
+        raise EngineUnavailable("--ray: ray is not installed (it comes with vLLM: "
+                                "pip install -e '.[vllm]')") from None
     from ray.exceptions import RayError
 
     started_here = not ray.is_initialized()

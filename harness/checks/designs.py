@@ -1,0 +1,200 @@
+"""Design differences: the ways simulators of vLLM's scheduler depart from it by design.
+
+A mutant (:mod:`harness.checks.mutants`) breaks one of vLLM's rules, as a slip would.
+A simulator departs by design: it runs prefills and decodes in separate steps, counts
+``max_num_seqs`` per batch, keeps no null page.  Each entry here is such a design, put in
+place of vLLM's on the reference (the same patch mechanism as a mutant, active only
+inside ``design.patch()``), so that the conformance profile can name it: a simulator's
+divergence that the reference with these designs reproduces is explained, not left
+"unexplained".  ``rule`` names the vLLM rule the design replaces, ``mirrors`` the vLLM
+0.11.0 module that holds it; :data:`USED_BY` names the simulators known to make the choice.
+
+tests/test_designs.py holds each entry to a bundled stream that it alone explains: no
+mutant and no other design gives the trace it gives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from harness.formats.mutant import BLOCK_POOL, SCHEDULER, Mutant
+from reference.block_pool import BlockPool
+from reference.config import Config
+from reference.lora import AdapterSlots
+from reference.scheduler import Scheduler, StepPlan
+
+#: The design differences, in catalogue order.
+DESIGNS: list[Mutant] = []
+#: The simulators known to make each choice.
+USED_BY: dict[str, str] = {}
+
+
+def design(name: str, rule: str, mirrors: str, simulators: str, *replacements):
+    """Register a design difference: ``replacements`` are ``(owner, attribute, new)``."""
+    def patch() -> contextlib.AbstractContextManager:
+        stack = contextlib.ExitStack()
+        from unittest import mock
+        for owner, attr, new in replacements:
+            stack.enter_context(mock.patch.object(owner, attr, new))
+        return stack
+    DESIGNS.append(Mutant(name, rule, mirrors, patch, side="design"))
+    USED_BY[name] = simulators
+
+
+def find(name: str) -> Mutant | None:
+    return next((d for d in DESIGNS if d.name == name), None)
+
+
+# -- prefill steps apart --------------------------------------------------------------------
+
+_schedule_waiting = Scheduler._schedule_waiting
+_schedule_running = Scheduler._schedule_running
+
+
+def _prefills_then_decodes(self) -> object:
+    """A step admits waiting requests first; only a step that admits none runs the running
+    requests.  (The rest of vLLM's ``schedule`` is unchanged.)"""
+    plan = StepPlan(token_budget=self.config.max_num_batched_tokens,
+                    encoder_budget=self.encoder_compute_budget)
+    self.unfinished_at_step_start = self.num_unfinished()
+    plan.adapters = AdapterSlots(self.config.max_loras, [])
+    self._schedule_waiting(plan)  # looked up: another design may wrap it
+    if not (plan.new or plan.resumed):
+        self._schedule_running(plan)
+    return _finish_step(self, plan)
+
+
+def _finish_step(self, plan: StepPlan):
+    output = self._make_output(plan)
+    self._advance_computed_tokens(output)
+    self._forget_reported_finished()
+    if self.config.enable_kv_cache_events and \
+            not self.config.has("kv_events_published_after_update"):
+        self.publish_kv_events()
+    return output
+
+
+design("prefill_steps_apart",
+       "one step schedules the running requests first, then admits waiting ones in the "
+       "budget left: prefills and decodes share a step",
+       SCHEDULER, "nano-vllm, Vidur (vLLM scheduler)",
+       (Scheduler, "schedule", _prefills_then_decodes))
+
+
+# -- seats counted per step -----------------------------------------------------------------
+
+def _waiting_seated_per_step(self, plan: StepPlan) -> None:
+    self._step_plan = plan
+    _schedule_waiting(self, plan)
+
+
+def _running_seated_per_step(self, plan: StepPlan) -> None:
+    self._step_plan = plan
+    _schedule_running(self, plan)
+
+
+def _seat_in_this_step(self) -> bool:
+    plan = self._step_plan
+    return len(plan.new) + len(plan.resumed) + len(plan.running) < self.config.max_num_seqs
+
+
+_running_tokens = Scheduler.running_tokens
+
+
+def _running_tokens_while_seats(self, request, budget: int) -> int:
+    return _running_tokens(self, request, budget) if _seat_in_this_step(self) else 0
+
+
+design("seats_per_step",
+       "at most max_num_seqs requests run at once (admission stops when the running list is "
+       "full)",
+       SCHEDULER, "nano-vllm",
+       (Scheduler, "_schedule_waiting", _waiting_seated_per_step),
+       (Scheduler, "_schedule_running", _running_seated_per_step),
+       (Scheduler, "has_free_seat", _seat_in_this_step),
+       (Scheduler, "running_tokens", _running_tokens_while_seats),
+       (Scheduler, "_check_limits", lambda self, plan: None))
+
+
+# -- the waiting head blocks the queue ------------------------------------------------------
+
+_has = Config.has
+
+
+def _misfit_stops_the_queue(self, rule_change: str) -> bool:
+    return rule_change == "chunked_off_stops_at_first_misfit" or _has(self, rule_change)
+
+
+design("misfit_blocks_the_queue",
+       "with chunked prefill off, a waiting request that does not fit the budget left is "
+       "passed over and the requests behind it are admitted (until 0.12.0)",
+       SCHEDULER, "nano-vllm",
+       (Config, "has", _misfit_stops_the_queue))
+
+
+# -- hit pages and tokens counted as needed ----------------------------------------------------
+
+_waiting_grant = Scheduler.waiting_grant
+_fits_whole_sequence = Scheduler.fits_whole_sequence
+
+
+def _grant_counting_hits(self, request, num_computed: int, plan: StepPlan, padding: int = 0):
+    if not self.config.enable_chunked_prefill and request.num_tokens > plan.token_budget:
+        return None  # the whole prompt, cached tokens too, must fit the budget
+    return _waiting_grant(self, request, num_computed, plan, padding)
+
+
+def _pages_for_the_whole_prompt(self, request, hit, num_computed: int) -> bool:
+    pages = -(-request.num_tokens // self.config.block_size)
+    return self.kv.pool.num_free_blocks() >= pages and \
+        _fits_whole_sequence(self, request, hit, num_computed)
+
+
+design("hits_counted_as_needed",
+       "a waiting request needs budget for the tokens it computes and free pages for those "
+       "not found in the prefix cache",
+       SCHEDULER, "nano-vllm",
+       (Scheduler, "waiting_grant", _grant_counting_hits),
+       (Scheduler, "fits_whole_sequence", _pages_for_the_whole_prompt))
+
+
+# -- freed pages forget their prefix ------------------------------------------------------
+
+_free_blocks = BlockPool.free_blocks
+
+
+def _free_forgetting(self, ordered, uncached_first: bool = False) -> None:
+    """Pages no request holds any more are freed and their hashes dropped, silently (no
+    eviction is ever seen)."""
+    ordered = list(ordered)
+    _free_blocks(self, ordered, uncached_first)
+    for block in ordered:
+        if block.ref_cnt == 0 and block.block_hash is not None and not block.is_null:
+            pages = self.cached[block.block_hash]
+            del pages[block.block_id]
+            if not pages:
+                del self.cached[block.block_hash]
+            block.block_hash = None
+
+
+design("freed_pages_forget_prefix",
+       "a freed page keeps its cached prefix until it is handed out again: later requests, "
+       "and a preempted one recomputing, hit it",
+       BLOCK_POOL, "nano-vllm (fork 20260210)",
+       (BlockPool, "free_blocks", _free_forgetting))
+
+
+# -- the victim is the next in running order ------------------------------------------------
+
+def _next_in_line(self):
+    """The running request after the one being scheduled; the last one when it is last."""
+    plan = self._step_plan
+    after = plan.running_index + 1
+    return self.running[after] if after < len(self.running) else self.running[-1]
+
+
+design("victim_next_in_line",
+       "fcfs preempts the request that joined the running list last",
+       SCHEDULER, "nano-vllm (fork 20260210)",
+       (Scheduler, "_schedule_running", _running_seated_per_step),
+       (Scheduler, "fcfs_victim", _next_in_line))
