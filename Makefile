@@ -15,8 +15,11 @@ NEWEST_STAMP := .venvs/vllm-$(NEWEST_VLLM)/.newest-env
 # The install an engine author makes, without vLLM (see test-engine-author below).
 AUTHOR_ENV   := .venvs/engine-author
 AUTHOR_STAMP := $(AUTHOR_ENV)/.installed
+# Real simulators, each in its own environment from the package index (see certify below).
+SIM_NANO  := .venvs/sim-nano-vllm
+SIM_VIDUR := .venvs/sim-vidur
 
-.PHONY: install test test-fast test-engine-author conformance fuzz soak coverage mutants record bench fuzz-env newest-env dashboard bench-fuzzers upgrade-check gpu-check clean distclean
+.PHONY: install test test-fast test-engine-author certify conformance fuzz soak coverage mutants record bench fuzz-env newest-env dashboard bench-fuzzers upgrade-check gpu-check clean distclean
 
 install: $(STAMP)
 
@@ -140,6 +143,42 @@ upgrade-check: $(STAMP)
 	@test -n "$(VLLM)" || { echo "error: VLLM: say which release, e.g. make upgrade-check VLLM=0.19.0 or VLLM=latest" >&2; exit 2; }
 	$(PY) -m harness upgrade-check $(VLLM) --from $(FROM) $(ARGS)
 
+# Real simulators held to vLLM 0.11.0 (docs/simulators.md): nano-vllm and Vidur's two
+# schedulers, as they are and with the one patch that gets each past its crash, then the
+# project's example engine, the reference over the line protocol and vLLM itself as
+# controls.  Each simulator runs in its own environment (the harness without vLLM, and the
+# simulator without its GPU dependencies); certificates (report.md, report.json,
+# badge.svg, counterexamples) go to $(CERT_DIR)/<engine>/, and the compliance table to stdout.
+CERT_DIR ?= docs/simulators
+CERT_STREAMS ?= 50
+CERTIFY = -m harness certify --streams $(CERT_STREAMS)
+
+$(SIM_NANO)/.installed: pyproject.toml constraints.txt examples/simulators/nano_vllm_requirements.txt
+	test -x $(SIM_NANO)/bin/python || $(PYTHON) -m venv $(SIM_NANO)
+	$(SIM_NANO)/bin/python -m pip install -qq --disable-pip-version-check -c constraints.txt -e .
+	$(SIM_NANO)/bin/python -m pip install -qq --disable-pip-version-check --no-deps \
+		-r examples/simulators/nano_vllm_requirements.txt
+	touch $@
+
+$(SIM_VIDUR)/.installed: pyproject.toml constraints.txt examples/simulators/vidur_requirements.txt
+	test -x $(SIM_VIDUR)/bin/python || $(PYTHON) -m venv $(SIM_VIDUR)
+	$(SIM_VIDUR)/bin/python -m pip install -qq --disable-pip-version-check -c constraints.txt -e .
+	$(SIM_VIDUR)/bin/python -m pip install -qq --disable-pip-version-check --no-deps \
+		-r examples/simulators/vidur_requirements.txt
+	touch $@
+
+certify: $(STAMP) $(SIM_NANO)/.installed $(SIM_VIDUR)/.installed
+	-$(SIM_NANO)/bin/python $(CERTIFY) examples.simulators.nano_vllm:NanoVllm -o $(CERT_DIR)/nano-vllm
+	-$(SIM_NANO)/bin/python $(CERTIFY) examples.simulators.nano_vllm:NanoVllmPatched -o $(CERT_DIR)/nano-vllm-patched
+	-$(SIM_VIDUR)/bin/python $(CERTIFY) --level preemptions examples.simulators.vidur:VidurVllm -o $(CERT_DIR)/vidur-vllm
+	-$(SIM_VIDUR)/bin/python $(CERTIFY) --level preemptions examples.simulators.vidur:VidurVllmPatched -o $(CERT_DIR)/vidur-vllm-patched
+	-$(SIM_VIDUR)/bin/python $(CERTIFY) --level preemptions examples.simulators.vidur:VidurSarathi -o $(CERT_DIR)/vidur-sarathi
+	-$(SIM_VIDUR)/bin/python $(CERTIFY) --level preemptions examples.simulators.vidur:VidurSarathiPatched -o $(CERT_DIR)/vidur-sarathi-patched
+	-$(PY) $(CERTIFY) examples.tiny_sim:TinySim -o $(CERT_DIR)/tiny-sim
+	-$(PY) $(CERTIFY) "cmd:$(PY) -m harness serve reference" -o $(CERT_DIR)/reference
+	-$(PY) $(CERTIFY) vllm -o $(CERT_DIR)/vllm
+	$(PY) -m harness compliance $(CERT_DIR)/*/report.json
+
 # Caches and outputs; the ~10 GB environment stays (see distclean).
 clean:
 	rm -rf .pytest_cache .hypothesis counterexamples build *.egg-info
@@ -147,4 +186,4 @@ clean:
 
 # Everything clean removes, and the environment.
 distclean: clean
-	rm -rf $(VENV) $(FUZZ_ENV) $(AUTHOR_ENV)
+	rm -rf $(VENV) $(FUZZ_ENV) $(AUTHOR_ENV) $(SIM_NANO) $(SIM_VIDUR)

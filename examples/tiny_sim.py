@@ -1,17 +1,13 @@
 """A simulator of vLLM's scheduler in under 100 lines, plugged in through the adapter kit.
 
-    python -m harness replay --engine examples.tiny_sim:TinySim --level lifecycle
-    python -m harness check  --engines examples.tiny_sim:TinySim fixtures/streams/
+    python -m harness check --fit --engines examples.tiny_sim:TinySim fixtures/streams/
 
-It keeps vLLM's token rules (running requests first, each cut by the token budget and
-the model length; the newest running request preempted when pages run out; waiting
-requests admitted first come first served while there are seats, budget and pages) and
-a pool as vLLM keeps it without a prefix cache (pages handed out from the head of a
-free queue, a request's pages given back last page first).  It has no prefix cache:
-``features`` says so, and the harness draws its streams without one.
-
-The adapter kit (harness.engines.kit) keeps the rest: the null page, finished requests
-told the step after, the stop rule and the statuses, the KV slots.
+vLLM's token rules (running requests first, cut by the budget and the model length; the
+newest running request preempted when pages run out; waiting requests admitted first
+come first served while there are seats, budget and pages) over a pool without a prefix
+cache (pages taken from the head of a free queue, given back last page first).
+``features`` says what it models; the kit (harness.engines.kit) keeps the rest: the null
+page, finished requests told the step after, the stop rule, the statuses, the KV slots.
 """
 
 from __future__ import annotations

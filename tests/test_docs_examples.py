@@ -170,6 +170,10 @@ NOT_RUN = [
      "a campaign of minutes to hours, a Ray cluster, or a dashboard that runs until stopped"),
     (r"harness profile",
      "50 streams per family of rules through the engine and the reference (about 3 minutes)"),
+    (r"harness (certify|compliance)|^make certify|\.venvs/sim-",
+     "certificates: every family through the engine and the reference, each simulator in "
+     "its side environment (minutes; make certify makes them); tests/test_simulators.py "
+     "certifies the example engine"),
     (r"mutants",
      "the kill tables: every mutant against the ci profile and the main job (about 25 minutes)"),
     (r"harness reach",

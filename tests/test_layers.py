@@ -20,13 +20,12 @@ FOLDERS = ("formats", "engines", "loop", "checks", "jobs", "cli")
 
 LAYERS: list[tuple[str, ...]] = [
     # formats: files and atomic writes, aligned tables, rule counters, the mutant record
-    ("formats", "formats.paths", "formats.text", "formats.rule_counters", "formats.mutant",
-     "formats.features"),
+    ("formats", "formats.paths", "formats.text", "formats.rule_counters", "formats.mutant"),
     # the stream format: its JSON Schema, then its records and the rules across fields
     ("formats.stream_schema",),
     ("formats.stream",),
     # the step records, kept streams, public request traces cut into streams
-    ("formats.steps", "formats.counterexamples", "formats.public_traces"),
+    ("formats.steps", "formats.counterexamples", "formats.public_traces", "formats.features"),
     # the scripted model, traces
     ("formats.scripted_model", "formats.trace"),
     # engines: the finding scripts, engines plugged in by name, the reference engine,

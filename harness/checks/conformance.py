@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from harness.formats import counterexamples
+from harness.formats import counterexamples, features
 from harness.checks.diff import Divergence, report
 from harness.checks.levels import describe, divergence, label, level_held
 from harness.engines import get_engine
@@ -135,6 +135,15 @@ class Checked:
         }
 
 
+def fitted(stream: Stream, engine) -> Stream:
+    """``stream`` inside the features ``engine`` declares (itself when it declares none)."""
+    declared = getattr(engine, "features", None)
+    if declared is None:
+        return stream
+    data = features.fit(stream.to_json(), declared, getattr(engine, "always_on", ()))
+    return parse_stream(data, stream.name)
+
+
 def check_one(stream: Stream, quiet: bool = False, engine: str = "vllm",
               fields: tuple[str, ...] | None = None, folder: Path | None = None) -> Checked:
     """An engine (``vllm``, ``vllm-core`` or one's own) and the reference on one stream,
@@ -169,14 +178,16 @@ def check_one(stream: Stream, quiet: bool = False, engine: str = "vllm",
 
 def check_streams(streams: Sequence[Stream], quiet: bool = False, as_json: bool = False,
                   engines: Sequence[str] = ("vllm",), fields: tuple[str, ...] | None = None,
-                  folder: Path | None = None) -> tuple[int, int]:
+                  folder: Path | None = None, fit: bool = False) -> tuple[int, int]:
     """Check each stream with each vLLM engine, printing as it goes (a report, or a JSON
     line); (equal, checked).  A stream an engine does not take is said so and not
-    counted."""
+    counted.  With ``fit``, each stream is first fitted to the features an engine declares
+    (harness.formats.features.fit), as its profile draws them."""
     import json
     ok = total = 0
-    for stream in streams:
+    for given in streams:
         for name in engines:
+            stream = fitted(given, get_engine(name)) if fit else given
             why = get_engine(name).refuses(stream)
             label = "" if name == "vllm" else f" [{name}]"
             if why is not None:

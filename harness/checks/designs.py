@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import contextlib
 
-from harness.formats.mutant import BLOCK_POOL, SCHEDULER, Mutant
+from harness.formats.mutant import BLOCK_POOL, KV_CACHE_MANAGER, SCHEDULER, Mutant
 from reference.block_pool import BlockPool
 from reference.config import Config
+from reference.kv_cache_manager import KVCacheManager
 from reference.lora import AdapterSlots
+from reference.request import RequestStatus
 from reference.scheduler import Scheduler, StepPlan
 
 #: The design differences, in catalogue order.
@@ -29,12 +31,23 @@ DESIGNS: list[Mutant] = []
 USED_BY: dict[str, str] = {}
 
 
+class Wraps:
+    """A replacement made when the patch is entered, around what stands there then: two
+    designs that wrap the same method both apply when combined."""
+
+    def __init__(self, wrap):
+        self.wrap = wrap  # inner -> new
+
+
 def design(name: str, rule: str, mirrors: str, simulators: str, *replacements):
-    """Register a design difference: ``replacements`` are ``(owner, attribute, new)``."""
+    """Register a design difference: ``replacements`` are ``(owner, attribute, new)``, where
+    ``new`` may be a :class:`Wraps` of what the attribute holds when the patch begins."""
     def patch() -> contextlib.AbstractContextManager:
         stack = contextlib.ExitStack()
         from unittest import mock
         for owner, attr, new in replacements:
+            if isinstance(new, Wraps):
+                new = new.wrap(getattr(owner, attr))
             stack.enter_context(mock.patch.object(owner, attr, new))
         return stack
     DESIGNS.append(Mutant(name, rule, mirrors, patch, side="design"))
@@ -198,3 +211,103 @@ design("victim_next_in_line",
        SCHEDULER, "nano-vllm (fork 20260210)",
        (Scheduler, "_schedule_running", _running_seated_per_step),
        (Scheduler, "fcfs_victim", _next_in_line))
+
+
+# -- a decode needs a free page -------------------------------------------------------------
+
+def _decode_needs_a_free_page(inner):
+    def allocate_or_preempt(self, request, num_new: int, plan: StepPlan):
+        """A request past its prefill is scheduled only while at least one page is free,
+        whether or not its next token needs one (vLLM v0's ``can_append_slots``); while none
+        is, the policy's victim is preempted, as when its pages run out."""
+        while not request.left_mid_prefill and self.kv.pool.num_free_blocks() < 1:
+            victim = self._pick_victim(plan)
+            self._preempt(victim, plan)
+            if victim is request:
+                return None
+        return inner(self, request, num_new, plan)
+    return allocate_or_preempt
+
+
+design("decode_needs_a_free_page",
+       "a running request preempts only when the pages its new tokens need are not free",
+       SCHEDULER, "Vidur (vLLM and Sarathi schedulers)",
+       (Scheduler, "_allocate_or_preempt", Wraps(_decode_needs_a_free_page)))
+
+
+# -- re-admitted in the step that preempted ------------------------------------------------
+
+def _admits_after_preempting(self, plan: StepPlan) -> bool:
+    """Waiting requests are admitted in every step, one that preempted too: a victim, back
+    at the head of the queue, may be admitted again at once."""
+    return True
+
+
+design("readmitted_in_preempting_step",
+       "a step that had to preempt admits no waiting request",
+       SCHEDULER, "Vidur (Sarathi scheduler)",
+       (Scheduler, "admits_waiting", _admits_after_preempting))
+
+
+# -- a prompt's pages all reserved at admission ------------------------------------------------
+
+def _admitted(request) -> bool:
+    """Whether ``allocate_slots`` is called for a waiting request (its admission)."""
+    return request.status != RequestStatus.RUNNING
+
+
+def _whole_prompt_reserved(inner):
+    def allocate_slots(self, request, num_new_tokens: int, num_new_computed_tokens: int = 0,
+                       new_computed_blocks=None, num_lookahead_tokens: int = 0, **kw):
+        """A waiting request is admitted with pages for every token it has (its prompt, and a
+        resumed one's outputs), though its first chunk computes fewer: the others are
+        reserved as lookahead slots (not cached) and its later chunks need no page."""
+        if _admitted(request):
+            rest = request.num_tokens - request.num_computed_tokens - \
+                num_new_computed_tokens - num_new_tokens
+            num_lookahead_tokens = max(num_lookahead_tokens, rest)
+        return inner(self, request, num_new_tokens, num_new_computed_tokens,
+                     new_computed_blocks, num_lookahead_tokens, **kw)
+    return allocate_slots
+
+
+design("whole_prompt_reserved",
+       "a request is given the pages of the tokens it computes in the step, chunk by chunk",
+       KV_CACHE_MANAGER, "Vidur (Sarathi scheduler)",
+       (KVCacheManager, "allocate_slots", Wraps(_whole_prompt_reserved)))
+
+
+# -- the victim is the latest to arrive ------------------------------------------------------
+
+def _latest_arrived(self):
+    """The running request, from the one being scheduled on, that arrived last."""
+    return max(self.running[self._step_plan.running_index:], key=lambda r: r.arrival_time)
+
+
+design("victim_latest_arrived",
+       "fcfs preempts the request that joined the running list last",
+       SCHEDULER, "Vidur (vLLM and Sarathi schedulers)",
+       (Scheduler, "_schedule_running", _running_seated_per_step),
+       (Scheduler, "fcfs_victim", _latest_arrived))
+
+
+# -- a watermark of free pages at admission ---------------------------------------------------
+
+#: The share of the pool an admission leaves free (Vidur's ``watermark_blocks_fraction``).
+WATERMARK = 0.01
+
+
+def _admission_watermark(inner):
+    def allocate_slots(self, request, *args, reserved_blocks: int = 0, **kw):
+        """A waiting request is admitted only if ``int(0.01 * pages)`` pages (the pool less
+        the null page) stay free after its pages are taken."""
+        if _admitted(request):
+            reserved_blocks += int(WATERMARK * (self.pool.num_blocks - 1))
+        return inner(self, request, *args, reserved_blocks=reserved_blocks, **kw)
+    return allocate_slots
+
+
+design("admission_watermark",
+       "a waiting request is admitted when the free pages hold its new tokens, to the last page",
+       KV_CACHE_MANAGER, "Vidur (vLLM and Sarathi schedulers; vLLM v0's watermark)",
+       (KVCacheManager, "allocate_slots", Wraps(_admission_watermark)))

@@ -178,7 +178,7 @@ def cmd_check(ns) -> int:
     streams = load_all(ns.streams)
     folder = output_folder(ns.counterexamples, "--counterexamples") if ns.counterexamples else None
     ok, total = check_streams(streams, as_json=ns.json, engines=engines, fields=fields,
-                              folder=folder)
+                              folder=folder, fit=ns.fit)
     if not ns.json:
         skipped = len(streams) * len(engines) - total
         print(f"{ok} equal, {total - ok} different"

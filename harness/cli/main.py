@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "vllm (the harness's step loop), vllm-core (vLLM's EngineCore), or "
                         "module:Class (an engine of your own); default vllm")
     _compared_options(c)
+    c.add_argument("--fit", action="store_true",
+                   help="fit each stream to the features an engine declares first (as its "
+                        "profile draws them): a feature it lacks is taken out, not refused")
     c.add_argument("--counterexamples", default=None, metavar="DIR",
                    help="folder for the streams that diverge or make an engine fail "
                         "(default: $HARNESS_COUNTEREXAMPLES or counterexamples/)")

@@ -29,7 +29,10 @@ other feature it does not declare.
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any, Callable, Iterable
+
+from harness.formats.stream import StreamError, parse_stream
 
 Stream = dict[str, Any]
 
@@ -372,4 +375,17 @@ def fit(stream: Stream, declared: Iterable[str], always_on: Iterable[str] = ()) 
         lacking = name not in have or NEEDS.get(name, name) not in have
         if lacking and USES[name](out):
             STRIP[name](out)
-    return out
+    return _pool_large_enough(out)
+
+
+def _pool_large_enough(s: Stream) -> Stream:
+    """A larger token budget (chunked prefill taken out) can make a window group reserve
+    more pages per request than the pool holds: the pool then grows to vLLM's minimum."""
+    try:
+        parse_stream(s)
+    except StreamError as exc:
+        for error in exc.errors:
+            found = re.match(r"config\.num_gpu_blocks: must be >= (\d+)", error)
+            if found and "num_gpu_blocks" in _config(s):
+                _config(s)["num_gpu_blocks"] = int(found.group(1))
+    return s

@@ -40,7 +40,7 @@ def certify(engine: str, release: str, streams: int = 50, level: str = EXACT,
     result = profile(engine, streams, fields_of(level), "reference", families, examples,
                      examples is not None, on_family, release=release,
                      explain_per_family=EXPLAINED)
-    report = summary(result, release, level)
+    report = summary(result, release, level, _shown_name(engine))
     if folder is not None:
         write_json(folder / "report.json", report)
         write_atomic(folder / "report.md", markdown(report))
@@ -48,7 +48,14 @@ def certify(engine: str, release: str, streams: int = 50, level: str = EXACT,
     return report
 
 
-def summary(p: Profile, release: str, level: str) -> dict[str, Any]:
+def _shown_name(spec: str) -> str:
+    """The name an engine gives itself (``nano-vllm``), else how it was named."""
+    from harness.engines import get_engine
+    engine = get_engine(spec)
+    return str(getattr(getattr(engine, "engine", engine), "name", None) or engine.name)
+
+
+def summary(p: Profile, release: str, level: str, name: str | None = None) -> dict[str, Any]:
     """The certificate as data (report.json)."""
     inside = [f for f in p.families if not f.outside]
     taken = sum(f.taken for f in inside)
@@ -62,7 +69,8 @@ def summary(p: Profile, release: str, level: str) -> dict[str, Any]:
             crash_examples.setdefault(kind, message)
     examined = sum(sum(f.rules.values()) + f.unexplained for f in inside)
     return {
-        "engine": p.engine, "release": release, "level_compared": level,
+        "engine": name or p.engine, "spec": p.engine, "release": release,
+        "level_compared": level,
         "features": None if p.features is None else sorted(p.features),
         "generated": p.generated, "taken": taken,
         "share_taken": _share(taken, p.generated),
@@ -111,8 +119,9 @@ def markdown(r: dict[str, Any]) -> str:
              f"level reached by every taken stream: **{r['level_reached'] or 'none'}**; "
              f"divergences explained on the fields of level {r['level_compared']}.", "",
              markdown_table([["level", "conforming", "share of taken"],
-                             *([lvl, str(n), f"{_share(n, taken):g}%"]
-                               for lvl, n in r["conforming"].items())]), ""]
+                             *([lvl, str(r["conforming"][lvl]),
+                                f"{_share(r['conforming'][lvl], taken):g}%"]
+                               for lvl in LEVELS)]), ""]
     rows = [["family", "taken", *LEVELS, "named (streams)", "unexplained"]]
     for f in r["families"]:
         if f["outside"]:
@@ -164,6 +173,11 @@ def badge(r: dict[str, Any]) -> str:
             f'</svg>\n')
 
 
+def named_entries(r: dict[str, Any]) -> list[str]:
+    """Every rule and design difference a certificate names, each once (combinations split)."""
+    return sorted({name for key in r["named"] for name in key.split(" + ")})
+
+
 def compliance_table(reports: Sequence[dict[str, Any]]) -> str:
     """The compliance table of docs/simulators.md, one row per certificate."""
     rows = [["engine", "release", "taken", "level reached", *LEVELS, "named",
@@ -172,8 +186,8 @@ def compliance_table(reports: Sequence[dict[str, Any]]) -> str:
         taken = r["taken"]
         rows.append([r["engine"], r["release"], f"{r['share_taken']:g}%",
                      r["level_reached"] or "none",
-                     *(f"{_share(n, taken):g}%" for n in r["conforming"].values()),
-                     ", ".join(r["named"]) or "-",
+                     *(f"{_share(r['conforming'][lvl], taken):g}%" for lvl in LEVELS),
+                     ", ".join(named_entries(r)) or "-",
                      f"{r['unexplained']}/{r['examined']}",
                      str(sum(r["crashes"].values()))])
     return markdown_table(rows)
