@@ -235,20 +235,6 @@ design("decode_needs_a_free_page",
        (Scheduler, "_allocate_or_preempt", Wraps(_decode_needs_a_free_page)))
 
 
-# -- re-admitted in the step that preempted ------------------------------------------------
-
-def _admits_after_preempting(self, plan: StepPlan) -> bool:
-    """Waiting requests are admitted in every step, one that preempted too: a victim, back
-    at the head of the queue, may be admitted again at once."""
-    return True
-
-
-design("readmitted_in_preempting_step",
-       "a step that had to preempt admits no waiting request",
-       SCHEDULER, "Vidur (Sarathi scheduler)",
-       (Scheduler, "admits_waiting", _admits_after_preempting))
-
-
 # -- a prompt's pages all reserved at admission ------------------------------------------------
 
 def _admitted(request) -> bool:
@@ -275,20 +261,6 @@ design("whole_prompt_reserved",
        "a request is given the pages of the tokens it computes in the step, chunk by chunk",
        KV_CACHE_MANAGER, "Vidur (Sarathi scheduler)",
        (KVCacheManager, "allocate_slots", Wraps(_whole_prompt_reserved)))
-
-
-# -- the victim is the latest to arrive ------------------------------------------------------
-
-def _latest_arrived(self):
-    """The running request, from the one being scheduled on, that arrived last."""
-    return max(self.running[self._step_plan.running_index:], key=lambda r: r.arrival_time)
-
-
-design("victim_latest_arrived",
-       "fcfs preempts the request that joined the running list last",
-       SCHEDULER, "Vidur (vLLM and Sarathi schedulers)",
-       (Scheduler, "_schedule_running", _running_seated_per_step),
-       (Scheduler, "fcfs_victim", _latest_arrived))
 
 
 # -- a watermark of free pages at admission ---------------------------------------------------

@@ -276,10 +276,12 @@ class Judge:
         """Whether the reference with ``mutants`` all applied gives the engine's trace."""
         return self.reach(stream, mine, mutants) is None
 
-    def reach(self, stream: Stream, mine: dict, mutants: Iterable[Mutant]) -> int | None:
+    def reach(self, stream: Stream, mine: dict,
+              mutants: Iterable[Mutant]) -> tuple[int, int] | None:
         """How far the reference with ``mutants`` all applied follows the engine's trace: the
         step of the first divergence (-1: the pool differs; the number of steps: only the
-        ending), or None when it gives the engine's trace."""
+        ending) and how many of that step's fields are equal, or None when it gives the
+        engine's trace."""
         from contextlib import ExitStack
         with ExitStack() as stack:
             for m in mutants:
@@ -289,8 +291,11 @@ class Judge:
         if d is None:
             return None
         if d.step is None:
-            return -1 if d.field == "kv_cache" else len(mine["steps"])
-        return d.step
+            return (-1 if d.field == "kv_cache" else len(mine["steps"]), 0)
+        if d.step >= min(len(theirs["steps"]), len(mine["steps"])):
+            return (d.step, 0)
+        a, b = theirs["steps"][d.step], mine["steps"][d.step]
+        return d.step, sum(a.get(f) == b.get(f) for f in set(a) | set(b))
 
 
 def candidates(stream: Stream) -> list[Mutant]:
@@ -322,30 +327,46 @@ def explain_pair(judge: Judge, stream: Stream, mine: dict, named: set[str]) -> s
 MAX_COMBINED = 5
 
 
-def explain_combined(judge: Judge, stream: Stream, mine: dict, named: set[str]) -> str | None:
-    """``a + b + c ...``: the design differences and the rules named so far, added one at a
-    time, each the one that carries the reference furthest along the engine's trace,
-    until together they reproduce it (a simulator often differs in several designs at
-    once)."""
-    pool = list(DESIGNS) + [m for m in candidates(stream) if m.name in named
-                            and m.side != "design"]
+def explain_combined(judge: Judge, stream: Stream, mine: dict, named: set[str],
+                     wide: bool = False) -> str | None:
+    """``a + b + c ...``: catalogue entries added one at a time, each the one that carries
+    the reference furthest along the engine's trace (a later first divergence, or more of
+    that step's fields equal), until together they reproduce it: a simulator often differs
+    in several designs at once.  The entries are the design differences and the rules named
+    so far, or (``wide``) every candidate."""
+    pool = list(DESIGNS) + [m for m in candidates(stream) if m.side != "design"
+                            and (wide or m.name in named)]
+    leads = [m for m in pool if m.side == "design" or m.name in named]
     chosen: list[Mutant] = []
     reach = judge.reach(stream, mine, chosen)
     while len(chosen) < MAX_COMBINED:
-        best = None
-        for m in pool:
-            if m in chosen:
-                continue
-            r = judge.reach(stream, mine, [*chosen, m])
-            if r is None:
-                return " + ".join(sorted(x.name for x in (*chosen, m)))
-            if r > reach and (best is None or r > best[0]):
-                best = (r, m)
-        if best is None:
+        steps = [(m,) for m in pool if m not in chosen]
+        found = _furthest(judge, stream, mine, chosen, steps, reach)
+        if found is None:  # no entry helps alone: two that only help together
+            steps = [(a, b) for a in leads if a not in chosen
+                     for b in pool if b not in chosen and b is not a]
+            found = _furthest(judge, stream, mine, chosen, steps, reach)
+        if found is None:
             return None
-        reach = best[0]
-        chosen.append(best[1])
+        reach, added = found
+        chosen.extend(added)
+        if reach is None:
+            return " + ".join(sorted(x.name for x in chosen))
     return None
+
+
+def _furthest(judge: Judge, stream: Stream, mine: dict, chosen: list[Mutant],
+              steps: list[tuple[Mutant, ...]], reach) -> tuple | None:
+    """The step (entries to add) that reproduces the trace, else carries the reference
+    furthest past ``reach``; None when none gets past it."""
+    best = None
+    for step in steps:
+        r = judge.reach(stream, mine, [*chosen, *step])
+        if r is None:
+            return None, step
+        if r > reach and (best is None or r > best[0]):
+            best = (r, step)
+    return best
 
 
 def profile(engine: str, streams: int = 50, fields: Sequence[str] | None = None,
@@ -411,7 +432,8 @@ def profile(engine: str, streams: int = 50, fields: Sequence[str] | None = None,
                 named.add(rule)
         for stream, mine in left:
             rule = explain_pair(judge, stream, mine, named) \
-                or explain_combined(judge, stream, mine, named)
+                or explain_combined(judge, stream, mine, named) \
+                or explain_combined(judge, stream, mine, named, wide=True)
             if rule is None:
                 fam.unexplained += 1
                 d = first_divergence(judge.view_json(run(judge.against, stream).to_json()), mine)
