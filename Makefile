@@ -51,7 +51,8 @@ $(AUTHOR_STAMP): pyproject.toml constraints.txt
 	touch $(AUTHOR_STAMP)
 
 AUTHOR_TESTS := tests/test_engine_author_install.py tests/test_plugin.py tests/test_line_protocol.py \
-	tests/test_golden.py tests/test_engine_profile.py tests/test_cli_bad_input.py tests/test_docs_examples.py
+	tests/test_golden.py tests/test_engine_profile.py tests/test_cli_bad_input.py tests/test_docs_examples.py \
+	tests/test_simulators.py tests/test_designs.py
 
 test-engine-author: $(AUTHOR_STAMP)
 	$(AUTHOR_ENV)/bin/python -m pytest -q -p no:cacheprovider -m "not slow" $(AUTHOR_TESTS)

@@ -224,3 +224,20 @@ def test_certify_refuses_a_release_the_reference_does_not_describe(tmp_path):
     p = _harness("certify", TINY, "--release", "0.10.0", "-o", str(tmp_path / "c"))
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "--release" in p.stderr
     assert not (tmp_path / "c").exists()
+
+
+def _pytest(*args):
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-p", "no:randomly", str(ROOT / "tests/test_conformance.py"), *args],
+                          capture_output=True, text=True, cwd=ROOT)
+
+
+@pytest.mark.slow
+def test_the_conformance_suite_holds_an_engine_of_ones_own_to_a_level():
+    """``pytest -k conformance --engine E --level L``: E's streams drawn inside its features,
+    compared up to L (vLLM is not needed for it); a level that is none is one line, exit 2."""
+    seeds = ["-k", "bundled_stream and seed_"]
+    good = _pytest("--engine", TINY, "--level", "tokens", *seeds)
+    assert good.returncode == 0 and "passed" in good.stdout, good.stdout[-2000:]
+    bad = _pytest("--engine", TINY, "--level", "pages", *seeds)
+    assert bad.returncode == 2 and "--level: 'pages' is not a level" in bad.stdout + bad.stderr
