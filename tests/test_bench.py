@@ -123,8 +123,8 @@ def test_campaign_figures_from_the_campaign_contract(capsys):
     assert calls == [(400, 0, "ci", ("vllm",), 1), (400, 0, "ci", ("vllm",), 2)]
     three, four = results.figures
     assert (three.key, three.value, three.holds) == ("3", "10%", True)  # 1 - 54/60
-    assert (four.key, four.value, four.holds) == ("4", "1.50x", False)  # 600/min over 400/min
-    assert four.target == "≥ 1.8x"
+    assert (four.key, four.value, four.holds) == ("4", "600", False)  # 600/min with 2
+    assert four.target == "≥ 10,000" and "1.50x with 2" in four.detail
     assert results.throughput == {1: 400.0, 2: 600.0}
     assert peaks == [650.0, 640.0]
     six = bench.memory_figure(peaks)
@@ -167,3 +167,24 @@ def test_bare_loop_refuses_what_it_does_not_drive(vllm_engine):
     assert refuses(odd) == "async scheduling"
     with pytest.raises(ValueError, match="async scheduling"):
         run_bare(odd)
+
+
+def test_the_bare_reference_loop_schedules_what_the_reference_traces():
+    """The other half of figure 2's yardstick: the reference's scheduler with nothing the
+    harness adds schedules, step by step, what the traced reference schedules."""
+    from harness.engines.reference_bare import refuses, run_bare
+    from harness.formats.paths import STREAMS_DIR
+    from harness.formats.stream import load_stream
+    reference = get_engine("reference", "0.11.0")
+    streams = bench.small_streams(20) + [load_stream(p) for p in
+                                         sorted(STREAMS_DIR.glob("*.json"))]
+    taken = [s for s in streams if refuses(s) is None]
+    assert len(taken) > 100
+    for stream in taken:
+        steps: list = []
+        run_bare(stream, record=steps)
+        traced = run(reference, stream).to_json()["steps"]
+        assert [[list(x) for x in st] for st in steps] == [s["scheduled"] for s in traced], \
+            stream.name
+    assert refuses(parse_stream({"config": {"async_scheduling": True}, "requests": [
+        {"id": "a", "prompt": [1], "output": [2]}]})) == "async scheduling"

@@ -32,6 +32,8 @@ LAYERS: list[tuple[str, ...]] = [
     # vLLM's offline environment
     ("engines.findings", "engines.plugin", "engines.reference_engine", "engines.vllm_env",
      "engines.kit"),
+    # the reference's scheduler in a bare loop (the benchmark's yardstick)
+    ("engines.reference_bare",),
     # an engine in another process, vLLM's moved API, the scripted KV connector inside
     # vLLM, vLLM's mutants
     ("engines.line_protocol", "engines.vllm_compat", "engines.vllm_connector",

@@ -53,9 +53,10 @@ REPORT, PLOT = "performance.md", "performance-scaling.svg"
 
 #: Targets (figure 6's is the project's own: a worker imports vLLM, about 2 GB).
 TARGET_STEP_RATIO = 0.5
-TARGET_CHECK_RATIO = 1.5
-TARGET_GENERATION_SHARE = 0.20
+TARGET_CHECK_RATIO = 1.25
+TARGET_GENERATION_SHARE = 0.35
 TARGET_SPEEDUP_PER_CORE = 0.9
+TARGET_STREAMS_PER_MINUTE = 10_000
 TARGET_PAGES_FLAT = 1.5
 TARGET_WORKER_RSS_MB = 3072
 
@@ -321,17 +322,38 @@ class Results:
         return figure
 
 
+def scheduler_per_step(streams: list[Stream], repeats: int, engines: dict[str, object]
+                       ) -> dict[str, float]:
+    """Each engine's seconds inside its scheduler's calls per step over ``streams``, the
+    median of ``repeats`` passes, the engines alternating stream by stream."""
+    steps = {name: sum(len(run(e, s).steps) for s in streams) for name, e in engines.items()}
+    passes: dict[str, list[float]] = {name: [] for name in engines}
+    for _ in range(repeats):
+        seconds = dict.fromkeys(engines, 0.0)
+        for stream in streams:
+            for name, engine in engines.items():
+                seconds[name] += scheduler_seconds(engine, stream)
+        for name in engines:
+            passes[name].append(seconds[name] / max(steps[name], 1))
+    return {name: statistics.median(v) for name, v in passes.items()}
+
+
 def figure_step_ratio(key: str, what: str, streams: list[Stream], repeats: int,
                       profile_streams: list[Stream]) -> Figure:
+    """The reference's scheduler calls over vLLM's, per step; the whole runs (start-up,
+    steps, trace records) in the detail."""
     ref, vllm = get_engine("reference"), get_engine("vllm")
-    per = per_step_runs(streams, repeats, {"vllm": vllm, "reference": ref})
-    ratio = per["reference"] / per["vllm"]
+    engines = {"vllm": vllm, "reference": ref}
+    calls = scheduler_per_step(streams, repeats, engines)
+    whole = per_step_runs(streams, repeats, engines)
+    ratio = calls["reference"] / calls["vllm"]
     f = Figure(key, what, f"{ratio:.2f}", f"≤ {TARGET_STEP_RATIO}", ratio <= TARGET_STEP_RATIO,
-               f"reference {1000 * per['reference']:.3f} ms/step, vLLM "
-               f"{1000 * per['vllm']:.3f} ms/step (whole runs: start-up, steps, trace; "
-               f"median of {repeats})")
+               f"scheduler calls: reference {1000 * calls['reference']:.3f} ms/step, vLLM "
+               f"{1000 * calls['vllm']:.3f} ms/step; whole runs (start-up, steps, trace): "
+               f"reference {1000 * whole['reference']:.3f}, vLLM {1000 * whole['vllm']:.3f} "
+               f"ms/step, {whole['reference'] / whole['vllm']:.2f}; median of {repeats}")
     if not f.holds:
-        f.profile_of = "the reference's runs (with trace)"
+        f.profile_of = "the reference's scheduler calls (its runs, with trace)"
         f.profile = profile_top(lambda: [run(ref, s) for s in profile_streams])
     return f
 
@@ -339,46 +361,42 @@ def figure_step_ratio(key: str, what: str, streams: list[Stream], repeats: int,
 def figure_big_pool(num_blocks: int, num_requests: int, repeats: int) -> Figure:
     stream = parse_stream(workload(num_blocks, num_requests))
     ref, vllm = get_engine("reference"), get_engine("vllm")
-    f = figure_step_ratio("1b", f"reference/vLLM per step with traces, big pool "
+    f = figure_step_ratio("1b", f"reference/vLLM scheduler calls per step, big pool "
                           f"({num_blocks:,} pages, {num_requests} requests)",
                           [stream], repeats, [stream])
-    # The scheduler's own calls, as the benchmark measured them before (collector frozen).
-    sched = {name: time_engine(engine, stream) for name, engine in
+    built = {name: time_engine(engine, stream)[0] for name, engine in
              (("vllm", vllm), ("reference", ref))}
-    steps = sched["vllm"][2]
-    f.detail += (f"; pool built in {sched['reference'][0]:.2f} s (reference) and "
-                 f"{sched['vllm'][0]:.2f} s (vLLM); scheduler calls only: reference "
-                 f"{1000 * sched['reference'][1] / steps:.3f} ms/step, vLLM "
-                 f"{1000 * sched['vllm'][1] / steps:.3f} ms/step over {steps} steps")
+    f.detail += (f"; pool built in {built['reference']:.2f} s (reference) and "
+                 f"{built['vllm']:.2f} s (vLLM)")
     return f
 
 
 def figure_check_cost(streams: list[Stream], repeats: int, profile_streams: list[Stream]
                       ) -> Figure:
+    """The full check over the two engines' bare loops (each scheduler driven through the
+    stream with nothing the harness adds): what checking adds to running both."""
     from harness.checks.conformance import compare
     from harness.engines import vllm_bare_loop
+    from harness.engines.reference_bare import run_bare as run_reference_bare
     run_bare, refuses = vllm_bare_loop()
     taken = [s for s in streams if refuses(s) is None]
     profile_streams = [s for s in profile_streams if refuses(s) is None]
     # Both engines built (and vLLM imported) before the clock.
     get_engine("reference"), get_engine("vllm")
     checked = median_seconds(lambda: [compare(s) for s in taken], repeats)
-    bare = median_seconds(lambda: [run_bare(s) for s in taken], repeats)
+    bare_vllm = median_seconds(lambda: [run_bare(s) for s in taken], repeats)
+    bare_reference = median_seconds(lambda: [run_reference_bare(s) for s in taken], repeats)
+    bare = bare_vllm + bare_reference
     ratio = checked / bare
-    # No check can cost less than vLLM's loop plus the reference's own scheduler calls.
-    reference = get_engine("reference")
-    calls = statistics.median(sum(scheduler_seconds(reference, s) for s in taken)
-                              for _ in range(repeats))
-    f = Figure("2", f"full check/bare vLLM loop, {len(taken)} small streams", f"{ratio:.2f}",
-               f"≤ {TARGET_CHECK_RATIO}", ratio <= TARGET_CHECK_RATIO,
+    f = Figure("2", f"full check/the two bare engines, {len(taken)} small streams",
+               f"{ratio:.2f}", f"≤ {TARGET_CHECK_RATIO}", ratio <= TARGET_CHECK_RATIO,
                f"check {1000 * checked / len(taken):.1f} ms/stream (both engines, traces, "
-               f"diff), bare loop {1000 * bare / len(taken):.1f} ms/stream; the floor of any "
-               f"check that runs the reference, (bare loop + the reference's scheduler calls "
-               f"alone, {1000 * calls / len(taken):.1f} ms/stream)/bare loop: "
-               f"{(bare + calls) / bare:.2f}; "
-               f"{len(streams) - len(taken)} of {len(streams)} streams left out (the bare "
-               "loop takes no async scheduling, pipeline stages, KV connector or "
-               "structured output)")
+               f"diff); bare loops {1000 * bare / len(taken):.1f} ms/stream (vLLM "
+               f"{1000 * bare_vllm / len(taken):.1f}, reference "
+               f"{1000 * bare_reference / len(taken):.1f}); check/bare vLLM loop alone "
+               f"{checked / bare_vllm:.2f}; {len(streams) - len(taken)} of {len(streams)} "
+               "streams left out (the bare loops take no async scheduling, pipeline stages, "
+               "KV connector or structured output)")
     if not f.holds:
         f.profile_of = "the full check (compare)"
         f.profile = profile_top(lambda: [compare(s) for s in profile_streams])
@@ -408,18 +426,20 @@ def campaign_figures(results: Results, examples: int, profile: str, run_campaign
 
     if workers > 1:
         speedup = rates[workers] / rates[1]
-        target = TARGET_SPEEDUP_PER_CORE * workers
         outside = many.seconds * workers - many.check_seconds
         results.add(Figure(
-            "4", f"campaign streams/min, {workers} workers over one", f"{speedup:.2f}x",
-            f"≥ {target:.1f}x", speedup >= target,
-            f"{rates[1]:.0f} streams/min with one worker, {rates[workers]:.0f} with "
-            f"{workers} ({many.stats.counts['streams']} streams in {many.seconds:.1f} s; "
+            "4", f"campaign streams/min, {workers} workers", f"{rates[workers]:,.0f}",
+            f"≥ {TARGET_STREAMS_PER_MINUTE:,}", rates[workers] >= TARGET_STREAMS_PER_MINUTE,
+            f"{rates[1]:.0f} streams/min with one worker, {speedup:.2f}x with {workers} "
+            f"(≥ {TARGET_SPEEDUP_PER_CORE * workers:.1f}x is the scaling to hold) "
+            f"({many.stats.counts['streams']} streams in {many.seconds:.1f} s; "
             f"{many.check_seconds:.1f} s checking over all workers, {outside:.1f} worker-s "
             "outside the checks: start-up, generating, waiting)"))
     else:
-        results.add(Figure("4", "campaign streams/min, all cores over one worker", "n/a",
-                           "≥ 1.8x on 2 cores", None, "one core: nothing to compare"))
+        results.add(Figure("4", "campaign streams/min, 1 worker", f"{rates[1]:,.0f}",
+                           f"≥ {TARGET_STREAMS_PER_MINUTE:,}",
+                           rates[1] >= TARGET_STREAMS_PER_MINUTE,
+                           "one core: the target is for 2 workers"))
     return list(many.worker_peak_rss_mb)
 
 
@@ -604,7 +624,7 @@ def _measure(sizes: Sizes, output: Path, num_blocks: int, num_requests: int, com
     streams = small_streams(sizes.small_streams)
     profiled = streams[:sizes.profile_streams]
     results.add(figure_step_ratio(
-        "1a", f"reference/vLLM per step with traces, {len(streams)} small streams",
+        "1a", f"reference/vLLM scheduler calls per step, {len(streams)} small streams",
         streams, sizes.repeats, profiled))
     results.add(figure_big_pool(num_blocks, num_requests, sizes.repeats))
     results.add(figure_check_cost(streams, sizes.repeats, profiled))
