@@ -158,7 +158,6 @@ class Adapter:
 
     def start(self, stream) -> None:
         c = stream.config
-        self._stream = stream
         self._max_model_len = c.max_model_len
         self._requests: dict[str, Request] = {}
         self._status: dict[str, str] = {}
@@ -202,20 +201,7 @@ class Adapter:
             self._status[rid] = "PREEMPTED"
             self._computed[rid] = 0
             self._handed.pop(rid, None)
-        handed, before = [], dict(self._computed)
-        for rid, n in decision.scheduled:
-            table = self._table(rid)
-            if self._status[rid] in ("WAITING", "PREEMPTED"):
-                kind = NEW if self._status[rid] == "WAITING" else RESUMED
-                before[rid] = decision.hits.get(rid, 0)
-                new = table
-            else:
-                kind = RUNNING
-                new = None if table is None else table[self._handed.get(rid, 0):]
-            if table is not None:
-                self._handed[rid] = len(table)
-            blocks = None if table is None or (kind == RUNNING and not new) else [new]
-            handed.append(Handed(rid, kind, blocks, before[rid]))
+        handed, before = self._hand_over(decision)
         # vLLM reports a lookup (0 tokens without a prefix cache) for every admitted request.
         hits = {h.req_id: decision.hits.get(h.req_id, 0) for h in handed if h.kind != RUNNING}
         observed = Observed(preempted=list(decision.preempted), hits=hits,
@@ -230,6 +216,25 @@ class Adapter:
         if not self.keeps_pages:
             out.new_block_ids, out.slots = {}, {}
         return out
+
+    def _hand_over(self, decision: Decision) -> tuple[list[Handed], dict[str, int]]:
+        """What the worker is handed for each scheduled request (a new or resumed one's
+        whole table, a running one's new pages), and the tokens each computed before."""
+        handed, before = [], dict(self._computed)
+        for rid, _ in decision.scheduled:
+            table = self._table(rid)
+            if self._status[rid] in ("WAITING", "PREEMPTED"):
+                kind = NEW if self._status[rid] == "WAITING" else RESUMED
+                before[rid] = decision.hits.get(rid, 0)
+                new = table
+            else:
+                kind = RUNNING
+                new = None if table is None else table[self._handed.get(rid, 0):]
+            if table is not None:
+                self._handed[rid] = len(table)
+            blocks = None if table is None or (kind == RUNNING and not new) else [new]
+            handed.append(Handed(rid, kind, blocks, before[rid]))
+        return handed, before
 
     def update(self, scheduled: Scheduled, sampled: dict[str, list[int]],
                finished_recving=(), finished_sending=()) -> None:

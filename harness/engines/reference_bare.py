@@ -19,6 +19,10 @@ from reference.request import RequestStatus
 from reference.scheduler import Scheduler
 
 
+#: One reference engine per release (it works out the release's rules when built).
+_ENGINES: dict[str, ReferenceEngine] = {}
+
+
 def refuses(stream: Stream) -> str | None:
     """Why the bare loops do not run ``stream`` (as the bare vLLM loop), or None."""
     c = stream.config
@@ -50,7 +54,7 @@ def run_bare(stream: Stream, release: str = "0.11.0",
 
 
 def _loop(stream: Stream, release: str, record: list | None, steps: list[int]) -> None:
-    engine = ReferenceEngine(release)
+    engine = _ENGINES.get(release) or _ENGINES.setdefault(release, ReferenceEngine(release))
     engine.start(stream)
     sched = engine.sched = Scheduler(engine.config)  # no recorder: nothing observed
     script = {r.id: r for r in stream.requests}
