@@ -60,50 +60,38 @@ def find(name: str) -> Mutant | None:
 
 # -- prefill steps apart --------------------------------------------------------------------
 
-_schedule_waiting = Scheduler._schedule_waiting
-_schedule_running = Scheduler._schedule_running
+def _waiting_before_running(inner):
+    """The waiting requests are admitted first, in the running pass's place; the running
+    requests run only in a step that admits none."""
+    def schedule_running(self, plan: StepPlan) -> None:
+        plan.adapters = AdapterSlots(self.config.max_loras, [])
+        self._schedule_waiting(plan)  # looked up: another design may wrap it
+        plan.waiting_done = True
+        if not (plan.new or plan.resumed):
+            inner(self, plan)
+    return schedule_running
 
 
-def _prefills_then_decodes(self) -> object:
-    """A step admits waiting requests first; only a step that admits none runs the running
-    requests.  (The rest of vLLM's ``schedule`` is unchanged.)"""
-    plan = StepPlan(token_budget=self.config.max_num_batched_tokens,
-                    encoder_budget=self.encoder_compute_budget)
-    self.unfinished_at_step_start = self.num_unfinished()
-    plan.adapters = AdapterSlots(self.config.max_loras, [])
-    self._schedule_waiting(plan)  # looked up: another design may wrap it
-    if not (plan.new or plan.resumed):
-        self._schedule_running(plan)
-    return _finish_step(self, plan)
-
-
-def _finish_step(self, plan: StepPlan):
-    output = self._make_output(plan)
-    self._advance_computed_tokens(output)
-    self._forget_reported_finished()
-    if self.config.enable_kv_cache_events and \
-            not self.config.has("kv_events_published_after_update"):
-        self.publish_kv_events()
-    return output
+def _admits_waiting_once(inner):
+    return lambda self, plan: not getattr(plan, "waiting_done", False) and inner(self, plan)
 
 
 design("prefill_steps_apart",
        "one step schedules the running requests first, then admits waiting ones in the "
        "budget left: prefills and decodes share a step",
        SCHEDULER, "nano-vllm, Vidur (vLLM scheduler)",
-       (Scheduler, "schedule", _prefills_then_decodes))
+       (Scheduler, "_schedule_running", Wraps(_waiting_before_running)),
+       (Scheduler, "admits_waiting", Wraps(_admits_waiting_once)))
 
 
 # -- seats counted per step -----------------------------------------------------------------
 
-def _waiting_seated_per_step(self, plan: StepPlan) -> None:
-    self._step_plan = plan
-    _schedule_waiting(self, plan)
-
-
-def _running_seated_per_step(self, plan: StepPlan) -> None:
-    self._step_plan = plan
-    _schedule_running(self, plan)
+def _keeping_the_plan(inner):
+    """The step's plan kept on the scheduler, for the questions below that read it."""
+    def schedule_part(self, plan: StepPlan) -> None:
+        self._step_plan = plan
+        inner(self, plan)
+    return schedule_part
 
 
 def _seat_in_this_step(self) -> bool:
@@ -122,8 +110,8 @@ design("seats_per_step",
        "at most max_num_seqs requests run at once (admission stops when the running list is "
        "full)",
        SCHEDULER, "nano-vllm",
-       (Scheduler, "_schedule_waiting", _waiting_seated_per_step),
-       (Scheduler, "_schedule_running", _running_seated_per_step),
+       (Scheduler, "_schedule_waiting", Wraps(_keeping_the_plan)),
+       (Scheduler, "_schedule_running", Wraps(_keeping_the_plan)),
        (Scheduler, "has_free_seat", _seat_in_this_step),
        (Scheduler, "running_tokens", _running_tokens_while_seats),
        (Scheduler, "_check_limits", lambda self, plan: None))
@@ -209,7 +197,7 @@ def _next_in_line(self):
 design("victim_next_in_line",
        "fcfs preempts the request that joined the running list last",
        SCHEDULER, "nano-vllm (fork 20260210)",
-       (Scheduler, "_schedule_running", _running_seated_per_step),
+       (Scheduler, "_schedule_running", Wraps(_keeping_the_plan)),
        (Scheduler, "fcfs_victim", _next_in_line))
 
 
