@@ -54,9 +54,7 @@ def _engines(request):
 def _property_test(prop):
     def check(data):
         engine = UNDER_TEST[0]
-        declared = getattr(engine, "features", None)
-        if declared is not None:  # drawn inside the features the engine declares
-            data = features.fit(data, declared, getattr(engine, "always_on", ()))
+        data = features.fit_for(data, engine)  # inside the features the engine declares
         stream = parse_drawn_stream(data)
         if engine.name != "vllm" and engine.refuses(stream) is not None:
             return  # not taken by this engine
@@ -83,9 +81,7 @@ def test_conformance_bundled_stream(path):
     import json
     data = json.loads(path.read_text())
     engine = UNDER_TEST[0]
-    declared = getattr(engine, "features", None)
-    if declared is not None:  # fitted to the features the engine declares, as check --fit
-        data = features.fit(data, declared, getattr(engine, "always_on", ()))
+    data = features.fit_for(data, engine)  # inside the features it declares, as check --fit
     why = None if engine.name == "vllm" else engine.refuses(parse_stream(data))
     if why is not None:
         pytest.skip(f"{engine.name} does not take this stream: {why}")

@@ -64,7 +64,7 @@ class NanoVllm(Adapter):
                   if len(r.prompt) + len(r.output) >= bs]
         if not stream.config.enable_prefix_caching and len(set(firsts)) < len(firsts):
             return f"{self.name} always caches prefixes; requests here share a full page"
-        return super().refuses(stream)
+        return None
 
     def build(self, config: SimConfig) -> None:
         self.Sequence, self.SamplingParams, Scheduler = load()

@@ -137,11 +137,9 @@ class Checked:
 
 def fitted(stream: Stream, engine) -> Stream:
     """``stream`` inside the features ``engine`` declares (itself when it declares none)."""
-    declared = getattr(engine, "features", None)
-    if declared is None:
+    if getattr(engine, "features", None) is None:
         return stream
-    data = features.fit(stream.to_json(), declared, getattr(engine, "always_on", ()))
-    return parse_stream(data, stream.name)
+    return parse_stream(features.fit_for(stream.to_json(), engine), stream.name)
 
 
 def check_one(stream: Stream, quiet: bool = False, engine: str = "vllm",

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.formats import features as feature_space
 from harness.formats.steps import NEW, RESUMED, RUNNING, Handed, Observed, RequestState, \
     Scheduled, nothing_scheduled, to_scheduled
 from harness.formats.stream import RequestSpec, Stream
@@ -146,12 +145,6 @@ class Adapter:
         return None
 
     # -- the engine interface, kept by the kit ---------------------------------------------
-
-    def refuses(self, stream) -> str | None:
-        lacks = feature_space.missing(stream.to_json(), self.features)
-        if lacks:
-            return f"{self.name} does not model {feature_space.DESCRIBED[lacks[0]]}"
-        return None
 
     def version(self) -> str:
         return self.release

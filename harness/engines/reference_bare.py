@@ -24,7 +24,9 @@ _ENGINES: dict[str, ReferenceEngine] = {}
 
 
 def refuses(stream: Stream) -> str | None:
-    """Why the bare loops do not run ``stream`` (as the bare vLLM loop), or None."""
+    """Why the bare loops (this one and vLLM's) do not run ``stream``, or None: a plain
+    synchronous serving loop runs no async scheduling, pipeline stages, KV connector or
+    structured output."""
     c = stream.config
     if c.async_scheduling:
         return "async scheduling"

@@ -21,24 +21,11 @@ from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 
 from harness.engines import vllm_compat as compat
+from harness.engines.reference_bare import refuses  # the same streams, both bare loops
 from harness.engines.vllm_adapter import (POOLED, build_scheduler, mm_features,
                                           pages_from_memory, pooling_params, sampling_params)
 from harness.formats.scripted_model import accepted_prefix
 from harness.formats.stream import Stream, largest_mm_item, lora_ids
-
-
-def refuses(stream: Stream) -> str | None:
-    """Why the bare loop does not run ``stream``, or None when it does."""
-    c = stream.config
-    if c.async_scheduling:
-        return "async scheduling"
-    if c.pipeline_parallel_size > 1:
-        return "pipeline stages"
-    if c.kv_role is not None:
-        return "a KV connector"
-    if any(r.structured_output is not None for r in stream.requests):
-        return "structured output"
-    return None
 
 
 @dataclasses.dataclass

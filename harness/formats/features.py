@@ -378,6 +378,15 @@ def fit(stream: Stream, declared: Iterable[str], always_on: Iterable[str] = ()) 
     return _pool_large_enough(out)
 
 
+def fit_for(stream: Stream, engine) -> Stream:
+    """The stream (its JSON) inside the features ``engine`` declares, and with those it has
+    always on; itself when the engine declares none."""
+    declared = getattr(engine, "features", None)
+    if declared is None:
+        return stream
+    return fit(stream, declared, getattr(engine, "always_on", ()))
+
+
 def _pool_large_enough(s: Stream) -> Stream:
     """A larger token budget (chunked prefill taken out) can make a window group reserve
     more pages per request than the pool holds: the pool then grows to vLLM's minimum."""

@@ -247,8 +247,8 @@ class Judge:
         self.reference = get_engine("reference", release)
         self.fields = tuple(fields) if fields else None
 
-    def view(self, trace) -> dict[str, Any]:
-        data = trace.to_json()
+    def view(self, data: dict[str, Any]) -> dict[str, Any]:
+        """A trace's JSON as compared: the fields asked for, or all of it."""
         return only_fields(data, self.fields) if self.fields else data
 
     def refuses(self, stream: Stream) -> str | None:
@@ -263,14 +263,11 @@ class Judge:
         highest fidelity level the engine held on the stream, and the engine's own failure
         (its message, with the site) where it failed and what it is judged against did not."""
         mine, theirs = run(self.engine, stream).to_json(), run(self.against, stream).to_json()
-        view = self.view_json
         crash = mine["failure"]["message"] if mine["verdict"] == ENGINE_FAILURE \
             and theirs["verdict"] != ENGINE_FAILURE else None
-        return (first_divergence(view(theirs), view(mine)), view(mine),
+        shown = self.view(mine)
+        return (first_divergence(self.view(theirs), shown), shown,
                 level_held(theirs, mine)[0], crash)
-
-    def view_json(self, data: dict[str, Any]) -> dict[str, Any]:
-        return only_fields(data, self.fields) if self.fields else data
 
     def explained_by(self, stream: Stream, mine: dict, mutants: Iterable[Mutant]) -> bool:
         """Whether the reference with ``mutants`` all applied gives the engine's trace."""
@@ -286,7 +283,7 @@ class Judge:
         with ExitStack() as stack:
             for m in mutants:
                 stack.enter_context(m.patch())
-            theirs = self.view(run(self.reference, stream))
+            theirs = self.view(run(self.reference, stream).to_json())
         d = first_divergence(theirs, mine)
         if d is None:
             return None
@@ -378,13 +375,13 @@ def profile(engine: str, streams: int = 50, fields: Sequence[str] | None = None,
     props = [p for p in PROPERTIES if families is None or p.name in families]
     declared = judge.features
     result = Profile(engine, against, judge.fields, [], declared)
-    always_on = getattr(judge.engine, "always_on", ())
-    inside = (lambda d: d) if declared is None else \
-        (lambda d: feature_space.fit(d, declared, always_on))
+
+    def inside(data: dict) -> dict:
+        return feature_space.fit_for(data, judge.engine)
     named: set[str] = set()
     for prop in props:
         fam = Family(prop.name)
-        divergent: list[tuple[Stream, dict]] = []
+        divergent: list[tuple[Stream, dict, str]] = []  # stream, its trace, where it diverges
         drawn = draw(prop, streams)
         fam.outside = outside(drawn, declared)
         if fam.outside:
@@ -419,25 +416,25 @@ def profile(engine: str, streams: int = 50, fields: Sequence[str] | None = None,
             if not fam.first:
                 fam.first = f"stream {index}, step {d.step}, {d.field}"
             if len(divergent) < explain_per_family and not crash:
-                divergent.append((stream, mine))  # a crash is a defect, not a design
+                # a crash is a defect, not a design
+                divergent.append((stream, mine, f"step {d.step}, {d.field}"))
         # Single rules first, over all the family's divergent streams; then pairs with a
         # rule named so far (here or in an earlier family) for the streams left over.
         left = []
-        for stream, mine in divergent:
+        for stream, mine, where in divergent:
             rule = explain_alone(judge, stream, mine)
             if rule is None:
-                left.append((stream, mine))
+                left.append((stream, mine, where))
             else:
                 fam.rules[rule] += 1
                 named.add(rule)
-        for stream, mine in left:
+        for stream, mine, where in left:
             rule = explain_pair(judge, stream, mine, named) \
                 or explain_combined(judge, stream, mine, named) \
                 or explain_combined(judge, stream, mine, named, wide=True)
             if rule is None:
                 fam.unexplained += 1
-                d = first_divergence(judge.view_json(run(judge.against, stream).to_json()), mine)
-                fam.unexplained_at.append(f"{stream.sha256()[:10]}: step {d.step}, {d.field}")
+                fam.unexplained_at.append(f"{stream.sha256()[:10]}: {where}")
             else:
                 fam.rules[rule] += 1
                 named.update(rule.split(" + "))
