@@ -107,6 +107,7 @@ class Scheduler:
         # From 0.31.0: requests an image's length mismatch stopped, to finish with an error.
         self.encoder_mismatched: list[str] = []
         self.unfinished_at_step_start = 0  # num_unfinished() as the current step began
+        self.threshold_this_step = 0  # long_prefill_threshold(), as the current step began
         # KV cache events, one batch per step that had any (vLLM's publisher).
         self.published_kv_events: list[list[KVEvent]] = []
 
@@ -255,6 +256,7 @@ class Scheduler:
         # Counted before the waiting loop takes requests out of their queues (a load
         # still under way is set aside and put back within the step).
         self.unfinished_at_step_start = self.num_unfinished()
+        self.threshold_this_step = self.long_prefill_threshold()
         self._schedule_running(plan)
         plan.adapters = AdapterSlots(self.config.max_loras, self.adapter_holders(plan))
         if self.admits_waiting(plan):
@@ -291,12 +293,13 @@ class Scheduler:
 
     def cap_long_prefill(self, num_tokens: int) -> int:
         """A positive ``long_prefill_token_threshold`` caps the tokens of one request."""
-        threshold = self.long_prefill_threshold()
+        threshold = self.threshold_this_step
         return threshold if 0 < threshold < num_tokens else num_tokens
 
     def long_prefill_threshold(self) -> int:
-        """The threshold in force.  0.11.1 and 0.11.2 (threshold_dropped_when_nothing_chunks)
-        drop it at start-up when chunked prefill is off and prefix caching was not asked for."""
+        """The threshold in force in the step starting.  0.11.1 and 0.11.2
+        (threshold_dropped_when_nothing_chunks) drop it at start-up when chunked prefill
+        is off and prefix caching was not asked for."""
         c = self.config
         if not c.long_prefill_token_threshold:
             return 0
@@ -960,9 +963,9 @@ class Scheduler:
     # -- after the model ran -----------------------------------------------------------
 
     def update_from_output(self, output: SchedulerOutput, sampled: dict[str, list[int]],
-                           finished_recving=(), finished_sending=()) -> SchedulerStats:
+                           finished_recving=(), finished_sending=()) -> SchedulerStats | None:
         """Take the sampled tokens: undo rejected drafts, append outputs, stop requests;
-        then report the step's stats.
+        then report the step's stats (when logged).
 
         ``sampled`` holds the requests the model answered for: the tokens sampled, or
         for a pooling request its pooled output (no token).  A partial prefill is absent.
@@ -1026,9 +1029,12 @@ class Scheduler:
         failed = [rid for rid in self.requests if rid in mismatched]
         self.finish_requests(failed, RequestStatus.FINISHED_ERROR)
 
-    def make_stats(self, spec_decoding: SpecDecodingStats | None) -> SchedulerStats:
-        """The report that ends every update: the queues' lengths after it, the pool's
-        usage, the prefix-cache lookups since the last report and this step's drafts."""
+    def make_stats(self, spec_decoding: SpecDecodingStats | None) -> SchedulerStats | None:
+        """The report that ends every update when stats are logged: the queues' lengths
+        after it, the pool's usage, the prefix-cache lookups since the last report and this
+        step's drafts."""
+        if not self.config.log_stats:
+            return None
         if self.holders_wait_first():
             return SchedulerStats(len(self.running), self.num_waiting() - len(self.deferred),
                                   self.kv.usage(), self.kv.take_prefix_cache_stats(),

@@ -50,9 +50,10 @@ from harness.engines.reference_engine import ReferenceEngine
 from harness.checks.golden import read_trace
 from harness.formats.paths import STREAMS_DIR, golden_dir, write_atomic
 from harness.checks.properties import by_name
-from harness.loop.runner import run
+from harness.loop.runner import UNLIKE, run
 from harness.formats.rule_counters import Stats
 from harness.formats.stream import Stream, canonical_json, load_stream, parse_stream
+from harness.formats.trace import Trace
 from harness.jobs import suspects
 from reference import releases
 
@@ -142,9 +143,11 @@ class Checker:
         d = first_divergence(new, old)
         if d is None:
             return None
-        _, asked = self.asking(self.base, stream)
+        # Held to ``new``, 0.11.0's run stops where it leaves it: a change not asked about
+        # by then leaves the run as it is up to there, so it still leaves ``new`` there.
+        _, asked = self.asking(self.base, stream, new)
         for name in self.active:
-            if name in asked and first_divergence(new, run(self._single[name], stream).to_json()) is None:
+            if name in asked and self.reproduces(self._single[name], stream, new):
                 return (name,)
         left = first_divergence(new, target)
         if left is None:
@@ -170,21 +173,41 @@ class Checker:
             if name not in asked:  # the run with ``kept`` is the run with ``rest``
                 kept = rest
                 continue
-            trace, asked_rest = self.asking(self.base_with(set(rest)), stream)
-            if first_divergence(new, trace) is None:
+            trace, asked_rest = self.asking(self.base_with(set(rest)), stream, new)
+            if gives(trace, new):
                 kept, asked = rest, asked_rest
         return tuple(kept)
 
+    def reproduces(self, engine: ReferenceEngine, stream: Stream, new: dict) -> bool:
+        """Whether ``engine`` gives the trace ``new`` on ``stream`` (its run stops at the
+        first step that differs)."""
+        return gives(run(engine, stream, like=held_to(new, stream)), new)
+
     @staticmethod
-    def asking(engine: ReferenceEngine, stream: Stream) -> tuple[dict, frozenset[str]]:
-        """The reference's trace of ``stream``, and the rule changes the run asked about."""
+    def asking(engine: ReferenceEngine, stream: Stream, new: dict | None = None
+               ) -> tuple[Trace, frozenset[str]]:
+        """The reference's trace of ``stream``, and the rule changes the run asked about;
+        held to the trace ``new`` when given (the run stops where it leaves it, having asked
+        about what it asked about up to there)."""
         rules = engine.rules
         engine.rules = noted = AskedRules(rules)
         try:
-            trace = run(engine, stream).to_json()
+            trace = run(engine, stream, like=None if new is None else held_to(new, stream))
         finally:
             engine.rules = rules
         return trace, frozenset(noted.asked)
+
+
+def held_to(trace: dict, stream: Stream) -> Trace:
+    """A trace (as JSON) to hold a run to (:func:`harness.loop.runner.run`'s ``like``)."""
+    return Trace(trace["engine"], trace["vllm_version"], stream, trace["steps"],
+                 kv_cache=trace.get("kv_cache"))
+
+
+def gives(run_trace: Trace, trace: dict) -> bool:
+    """Whether a run (held to ``trace`` or not) gave ``trace``: it did not leave it, and
+    it ended as ``trace`` ended."""
+    return run_trace.verdict != UNLIKE and first_divergence(trace, run_trace.to_json()) is None
 
 
 class AskedRules(frozenset):

@@ -45,6 +45,8 @@ class Config:
     async_scheduling: bool = False
     # vLLM's --pipeline-parallel-size: batches the executor takes at once.
     pipeline_parallel_size: int = 1
+    # Whether every update ends with a stats report (vLLM's log_stats).
+    log_stats: bool = True
     # Rule changes of a later release in effect (reference.releases); none: 0.11.0.
     rules: frozenset[str] = frozenset()
 

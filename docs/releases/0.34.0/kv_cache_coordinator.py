@@ -45,7 +45,7 @@ class KVCacheCoordinator:
             self.lookup = self.hybrid_hit
 
     def empty(self) -> PerGroup:
-        return tuple([] for _ in self.managers)
+        return tuple([[] for _ in self.managers])
 
     # -- every group in turn ----------------------------------------------------------
 
@@ -53,16 +53,21 @@ class KVCacheCoordinator:
                           num_computed_tokens: int = 0,
                           admission: tuple[int, int] | None = None) -> int:
         """The groups' counts added up (negative ones included, up to 0.13.0)."""
-        return sum(m.pages_to_allocate(request_id, num_tokens, hit, num_computed_tokens,
-                                       admission)
-                   for m, hit in zip(self.managers, hits))
+        total = 0
+        for m, hit in zip(self.managers, hits):
+            total += m.pages_to_allocate(request_id, num_tokens, hit, num_computed_tokens,
+                                         admission)
+        return total
 
     def save_hits(self, request_id: str, hits: PerGroup, num_computed_tokens: int = 0) -> None:
         for m, hit in zip(self.managers, hits):
             m.save_hit(request_id, hit, num_computed_tokens)
 
     def grow(self, request_id: str, num_tokens: int) -> PerGroup:
-        return tuple(m.grow(request_id, num_tokens) for m in self.managers)
+        grown = []
+        for m in self.managers:
+            grown.append(m.grow(request_id, num_tokens))
+        return tuple(grown)
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         for m in self.managers:

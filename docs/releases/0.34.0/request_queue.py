@@ -17,73 +17,68 @@ from typing import Iterable, Iterator
 from reference.request import Request
 
 
-class FcfsQueue:
-    def __init__(self) -> None:
-        self._q: deque[Request] = deque()
+class FcfsQueue(deque):
+    """A deque of requests, the head first (a deque keeps ``len`` as cheap as can be: the
+    scheduler asks for the queues' lengths several times a step)."""
 
     def add(self, request: Request) -> None:
-        self._q.append(request)
+        self.append(request)
 
     def peek(self) -> Request:
-        return self._q[0]
+        return self[0]
 
     def pop(self) -> Request:
-        return self._q.popleft()
+        """The head (not a deque's tail)."""
+        return self.popleft()
 
     def prepend(self, request: Request) -> None:
-        self._q.appendleft(request)
+        self.appendleft(request)
 
     def prepend_all(self, other: "FcfsQueue", reverse: bool = False) -> None:
         """Put ``other`` in front of this queue, in ``other``'s order (up to 0.13.0) or in
         reverse (0.14.0 and later)."""
-        self._q.extendleft(other._q if reverse else reversed(other._q))
+        self.extendleft(other if reverse else reversed(other))
 
     def remove_all(self, requests: Iterable[Request]) -> None:
         gone = set(requests)
-        self._q = deque(r for r in self._q if r not in gone)
-
-    def __len__(self) -> int:
-        return len(self._q)
-
-    def __iter__(self) -> Iterator[Request]:
-        return iter(self._q)
+        kept = [r for r in self if r not in gone]
+        self.clear()
+        self.extend(kept)
 
 
-class PriorityQueue:
-    """Smallest (priority, arrival_time) first."""
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[int, float, int, Request]] = []
+class PriorityQueue(list):
+    """Smallest (priority, arrival_time) first: a heap (a list, for a cheap ``len``) of
+    entries ``(priority, arrival_time, id, request)``; iterating gives the requests."""
 
     def add(self, request: Request) -> None:
         # The keys are unique in the harness (arrival_time is the stream index);
         # id() only keeps heapq from ever comparing two Request objects.
-        heapq.heappush(self._heap, (request.priority, request.arrival_time, id(request), request))
+        heapq.heappush(self, (request.priority, request.arrival_time, id(request), request))
 
     def peek(self) -> Request:
-        return self._heap[0][-1]
+        return self[0][-1]
 
     def pop(self) -> Request:
-        return heapq.heappop(self._heap)[-1]
+        return heapq.heappop(self)[-1]
 
     def prepend(self, request: Request) -> None:
         """Under priority a request put back goes where its key puts it, as any other."""
         self.add(request)
 
     def prepend_all(self, other: "PriorityQueue", reverse: bool = False) -> None:
-        for entry in other._heap:
+        for entry in other.entries():
             self.add(entry[-1])
 
     def remove_all(self, requests: Iterable[Request]) -> None:
         gone = set(requests)
-        self._heap = [e for e in self._heap if e[-1] not in gone]
-        heapq.heapify(self._heap)
+        self[:] = [e for e in self.entries() if e[-1] not in gone]
+        heapq.heapify(self)
 
-    def __len__(self) -> int:
-        return len(self._heap)
+    def entries(self) -> Iterator[tuple[int, float, int, Request]]:
+        return list.__iter__(self)
 
     def __iter__(self) -> Iterator[Request]:
-        return (e[-1] for e in sorted(self._heap))
+        return (e[-1] for e in sorted(self.entries()))
 
 
 RequestQueue = FcfsQueue | PriorityQueue

@@ -79,7 +79,7 @@ def _priority_then_id(self):
 @mutant("priority_queue_by_id", "the priority queue orders by (priority, arrival_time)",
         REQUEST_QUEUE, replaces=(rq.PriorityQueue, "add"), applies=priority)
 def _queue_by_priority_then_id(self, request):
-    heapq.heappush(self._heap, (request.priority, request.request_id, id(request), request))
+    heapq.heappush(self, (request.priority, request.request_id, id(request), request))
 
 
 _update_from_output = rsched.Scheduler.update_from_output
