@@ -71,6 +71,11 @@ class GroupManager:
         table = self.table(request_id)
         return needed - len(hit) - len(table) + self.free_hit_pages(hit)
 
+    def has_room(self, request_id: str, num_tokens: int) -> bool:
+        """A running request's table has slots for ``num_tokens`` already."""
+        return (request_id in self.num_cached_block and
+                cdiv(self.slots_needed(num_tokens), self.block_size) <= len(self.table(request_id)))
+
     def num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Leading tokens the next token no longer attends to: none for full attention."""
         return 0

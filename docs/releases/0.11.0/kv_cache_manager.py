@@ -80,7 +80,9 @@ class KVCacheManager:
         First the pages that fell out of a window are given back.  Slots are
         then needed for the computed tokens, the prefix hit, the new tokens and
         the lookahead, capped at ``max_model_len``; the groups' page counts are
-        added up and compared with the free queue, less ``reserved_blocks``.  On success, pages that
+        added up and compared with the free queue, less ``reserved_blocks``.  (A
+        running request whose tables have the slots already, as in most decode
+        steps, needs no count: it takes no page.)  On success, pages that
         became full are cached, up to the request's real tokens (never its drafts) --
         unless ``delay_caching``: a KV connector fills them later (``cache_blocks``).
         """
@@ -92,14 +94,18 @@ class KVCacheManager:
         num_computed = request.num_computed_tokens + num_new_computed_tokens
         num_slots = min(num_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
         with_loaded = num_computed + num_external_tokens  # ``num_new_tokens`` holds the loaded ones
-        if self.coordinator.pages_to_allocate(rid, num_slots, hits, with_loaded,
-                                              self.allocation_bound()) \
-                > self.pool.num_free_blocks() - reserved_blocks:
-            return None
-        if self.enable_caching and any(hits):
-            self.pool.touch(block for hit in hits for block in hit)
-        self.coordinator.save_hits(rid, hits, with_loaded)
-        new_blocks = self.coordinator.grow(rid, num_slots)
+        if new_computed_blocks is None and not reserved_blocks \
+                and self.coordinator.has_room(rid, num_slots):
+            new_blocks = self.coordinator.empty()  # every group's count is 0 or less: it fits
+        else:
+            if self.coordinator.pages_to_allocate(rid, num_slots, hits, with_loaded,
+                                                  self.allocation_bound()) \
+                    > self.pool.num_free_blocks() - reserved_blocks:
+                return None
+            if self.enable_caching and any(hits):
+                self.pool.touch(block for hit in hits for block in hit)
+            self.coordinator.save_hits(rid, hits, with_loaded)
+            new_blocks = self.coordinator.grow(rid, num_slots)
         if self.enable_caching and not delay_caching:
             self.coordinator.cache_blocks(request, min(num_computed + num_new_tokens,
                                                        request.num_tokens))

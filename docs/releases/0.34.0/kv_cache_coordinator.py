@@ -59,6 +59,13 @@ class KVCacheCoordinator:
                                          admission)
         return total
 
+    def has_room(self, request_id: str, num_tokens: int) -> bool:
+        """The request runs and every group's table has slots for ``num_tokens`` already."""
+        for m in self.managers:
+            if not m.has_room(request_id, num_tokens):
+                return False
+        return True
+
     def save_hits(self, request_id: str, hits: PerGroup, num_computed_tokens: int = 0) -> None:
         for m, hit in zip(self.managers, hits):
             m.save_hit(request_id, hit, num_computed_tokens)
