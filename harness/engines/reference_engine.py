@@ -20,9 +20,15 @@ from reference.structured_output import Grammar
 
 from harness.formats.steps import (NEW, RESUMED, RUNNING, ConnectorScript, Handed, HashNumbers,
                                   Observed, RequestState, Scheduled, kv_cache_header,
-                                  kv_event_records, stats_record, to_scheduled)
+                                  counts_before, kv_event_records, stats_record,
+                                  to_scheduled)
 from harness.formats.stream import RequestSpec, Stream, kv_cache_layout, largest_mm_item, lora_ids
 from reference.arith import cdiv
+
+#: Each status's name, as the trace writes it (an enum's ``name`` is slow to ask for every
+#: request at every step).
+_STATUS_NAMES = {status: status.name for status in RequestStatus}
+
 
 def reference_config(stream: Stream, rules: frozenset[str] = frozenset()) -> Config:
     c = stream.config
@@ -39,7 +45,7 @@ def reference_config(stream: Stream, rules: frozenset[str] = frozenset()) -> Con
         encoder_cache_size=c.encoder_cache_size, max_tokens_by_modality=modalities(stream),
         disable_chunked_mm_input=c.disable_chunked_mm_input,
         enable_kv_cache_events=c.kv_cache_events, async_scheduling=c.async_scheduling,
-        pipeline_parallel_size=c.pipeline_parallel_size)
+        pipeline_parallel_size=c.pipeline_parallel_size, log_stats=c.log_stats)
 
 
 def modalities(stream: Stream) -> tuple[tuple[str, int], ...]:
@@ -189,8 +195,7 @@ class ReferenceEngine:
         return self.sched.has_requests()
 
     def schedule(self) -> Scheduled:
-        before = {rid: r.num_computed_tokens for rid, r in self.sched.requests.items()}
-        pending = {rid: r.num_output_placeholders for rid, r in self.sched.requests.items()}
+        before, pending = counts_before(self.sched.requests)
         self.recorder.clear()
         out = self.sched.schedule()
         self._in_flight.append(out)
@@ -235,9 +240,8 @@ class ReferenceEngine:
 
     def state(self, req_id: str) -> RequestState:
         r = self.requests[req_id]
-        return RequestState(status=r.status.name, num_computed_tokens=r.num_computed_tokens,
-                            num_output_tokens=r.num_output_tokens,
-                            num_output_placeholders=r.num_output_placeholders)
+        return RequestState(_STATUS_NAMES[r.status], r.num_computed_tokens, r.num_output_tokens,
+                            r.num_output_placeholders)
 
     def kv_cache_header(self) -> dict | None:
         layout = self.layout

@@ -11,8 +11,9 @@ what ``SchedulerOutput`` does not carry:
 * prefix hits: the result of ``KVCacheManager.get_computed_blocks``;
 * evictions: ``BlockPool._maybe_evict_cached_block`` returning True.
 
-The worker's view of the KV slots is computed with vLLM's own
-``vllm.v1.worker.block_table.BlockTable`` on the CPU.
+The worker's view of the KV slots is vLLM's own
+``vllm.v1.worker.block_table.BlockTable`` on the CPU, fed as the model runner feeds
+it; the slots are the block-table rule on its rows (``vllm_compat.worker_slots``).
 
 Speculative decoding: vLLM's ``SpeculativeConfig`` wants a draft model, but the
 scheduler reads only ``num_speculative_tokens`` and ``use_eagle()``; a small
@@ -81,8 +82,8 @@ from harness.engines import vllm_compat as compat  # noqa: E402
 from harness.engines import vllm_connector  # noqa: E402
 from harness.formats.steps import (NEW, RESUMED, RUNNING, ConnectorScript, Handed,  # noqa: E402
                                   HashNumbers, Observed, RequestState, Scheduled,
-                                  kv_cache_header, kv_event_records, stats_record,
-                                  to_scheduled)
+                                  counts_before, kv_cache_header, kv_event_records,
+                                  stats_record, to_scheduled)
 from harness.formats.paths import MODELS_DIR  # noqa: E402
 from harness.formats.stream import Config, RequestSpec, Stream, largest_mm_item, lora_ids  # noqa: E402
 from reference.arith import cdiv  # noqa: E402
@@ -228,6 +229,7 @@ class WorkerTable:
             block_size, num_requests,
             max(cdiv(c.max_model_len, block_size), 1 + c.num_speculative_tokens),
             c.max_num_batched_tokens)
+        self.verify = compat.verifies_slots()
 
     def add_row(self, block_ids: list[int], row: int) -> None:
         self.table.add_row(block_ids, row)
@@ -236,7 +238,7 @@ class WorkerTable:
         self.table.append_row(block_ids, row)
 
     def slots(self, row: int, first_position: int, num_tokens: int) -> list[int]:
-        return compat.slot_mapping(self.table, row, first_position, num_tokens)
+        return compat.worker_slots(self.table, row, first_position, num_tokens, self.verify)
 
 
 class EventRecorder(EventPublisher):
@@ -670,8 +672,7 @@ class VllmEngine:
 
     def observed_schedule(self, schedule):
         """Run vLLM's ``schedule`` with the hooks watching; its SchedulerOutput."""
-        self._before = {rid: r.num_computed_tokens for rid, r in self.sched.requests.items()}
-        self._pending = {rid: r.num_output_placeholders for rid, r in self.sched.requests.items()}
+        self._before, self._pending = counts_before(self.sched.requests)
         self._observed = Observed()
         self._in_schedule = True
         try:
@@ -687,14 +688,12 @@ class VllmEngine:
         before = self._before
         new = out.scheduled_new_reqs
         resumed_new = compat.resumed_among_new(new, self.requests, self.sched)  # resumed there?
-        handed = [Handed(d.req_id, RESUMED if resumed_new[i] else NEW,
-                         [list(g) for g in d.block_ids], d.num_computed_tokens)
+        handed = [Handed(d.req_id, RESUMED if resumed_new[i] else NEW, d.block_ids,
+                         d.num_computed_tokens)
                   for i, d in enumerate(new)]
         cached = out.scheduled_cached_reqs
         resumed = compat.resumed_flags(cached)
-        handed += [Handed(rid, RESUMED if resumed[i] else RUNNING,
-                          None if cached.new_block_ids[i] is None
-                          else [list(g) for g in cached.new_block_ids[i]],
+        handed += [Handed(rid, RESUMED if resumed[i] else RUNNING, cached.new_block_ids[i],
                           cached.num_computed_tokens[i])
                    for i, rid in enumerate(cached.req_ids)]
         reqs = self.requests
@@ -705,8 +704,7 @@ class VllmEngine:
             lambda rid: (reqs[rid].num_tokens, reqs[rid].num_output_tokens),
             grammar_index, [(row if isinstance(row, str) else self.row_ids[int(row)], int(state))
                             for row, state in bitmask],  # a str: an unconstrained row's owner
-            {rid: list(ids) for rid, ids in out.scheduled_encoder_inputs.items()},
-            list(out.free_encoder_mm_hashes), self._pending)
+            out.scheduled_encoder_inputs, out.free_encoder_mm_hashes, self._pending)
         return scheduled
 
     def update(self, scheduled: Scheduled, sampled: dict[str, list[int]],
@@ -765,10 +763,8 @@ class VllmEngine:
 
     def state(self, req_id: str) -> RequestState:
         r = self.requests[req_id]
-        return RequestState(status=compat.status_name(r.status),
-                            num_computed_tokens=r.num_computed_tokens,
-                            num_output_tokens=r.num_output_tokens,
-                            num_output_placeholders=r.num_output_placeholders)
+        return RequestState(compat.status_name(r.status), r.num_computed_tokens,
+                            r.num_output_tokens, r.num_output_placeholders)
 
     def kv_cache_header(self) -> dict | None:
         if self.config.kv_cache_memory_bytes is None:

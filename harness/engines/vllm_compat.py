@@ -249,7 +249,9 @@ def request_eos_kwargs(params, eos_token_id: int | None) -> dict[str, Any]:
 #: 0.19.0 and later: the slot mapping is a Triton kernel over the batch (``query_start_loc``).
 SLOTS_BY_KERNEL = BlockTable is None or "query_start_loc" in _params(BlockTable.compute_slot_mapping)
 #: With ``HARNESS_SLOT_KERNEL=verify`` every slot mapping of a kernel release is also run
-#: through vLLM's own kernel under Triton's interpreter, and a difference stops the run.
+#: through vLLM's own kernel under Triton's interpreter, and one of an earlier release
+#: through its numpy ``compute_slot_mapping`` (:func:`worker_slots`); a difference stops
+#: the run.
 VERIFY_SLOT_KERNEL = "HARNESS_SLOT_KERNEL"
 
 
@@ -327,9 +329,49 @@ def slot_mapping(table, row: int, first_position: int, num_tokens: int) -> list[
 
 
 def slots_from_block_table(pages, block_size: int, first_position: int, num_tokens: int) -> list[int]:
-    positions = np.arange(first_position, first_position + num_tokens, dtype=np.int64)
-    return (pages[positions // block_size].astype(np.int64) * block_size
-            + positions % block_size).tolist()
+    """The block-table rule on one row of the table (``pages``, a numpy row): slot = page *
+    block_size + position % block_size for each of the ``num_tokens`` positions from
+    ``first_position`` on (a position past the row raises IndexError, as numpy's lookup
+    does).  Plain Python over the pages the tokens touch: numpy's per-call overhead is
+    more than the whole answer costs for the few tokens of a step."""
+    if num_tokens <= 0:
+        return []
+    first_page = first_position // block_size
+    last_page = (first_position + num_tokens - 1) // block_size
+    row = pages[first_page:last_page + 1].tolist()
+    return [row[p // block_size - first_page] * block_size + p % block_size
+            for p in range(first_position, first_position + num_tokens)]
+
+
+def worker_slots(table, row: int, first_position: int, num_tokens: int,
+                 verify: bool = False) -> list[int]:
+    """The KV slots the step loop records for one request of one KV cache group: the
+    block-table rule on the row that vLLM's own ``add_row``/``append_row`` wrote.
+
+    Up to 0.18.1 that is what vLLM's numpy ``compute_slot_mapping`` computes (the rule is
+    held to it on the installed release by ``tests/test_upgrade.py``), and it is taken
+    from the row directly: called per request and step, numpy cost more than the rest of
+    the vLLM engine's translation together.  With ``verify`` (``HARNESS_SLOT_KERNEL=verify``,
+    :func:`verifies_slots`) every answer is also held to :func:`slot_mapping`, vLLM's own
+    computation, and a difference stops the run.  The kernel releases go through
+    :func:`slot_mapping` itself, which applies the rule and interprets the kernel to verify.
+    """
+    if SLOTS_BY_KERNEL:
+        return slot_mapping(table, row, first_position, num_tokens)
+    slots = slots_from_block_table(table.block_table.np[row], table.block_size,
+                                   first_position, num_tokens)
+    if verify:
+        by_vllm = slot_mapping(table, row, first_position, num_tokens)
+        if by_vllm != slots:
+            raise AssertionError(f"slot mapping of row {row}: vLLM's compute_slot_mapping "
+                                 f"gives {by_vllm}, the block-table rule {slots}")
+    return slots
+
+
+def verifies_slots() -> bool:
+    """Whether ``HARNESS_SLOT_KERNEL=verify`` asks for vLLM's own slot mapping beside the
+    rule (read when a run starts)."""
+    return os.environ.get(VERIFY_SLOT_KERNEL) == "verify"
 
 
 def _kernel_to_interpret():
@@ -418,11 +460,20 @@ def multimodal_while_sizing(model_config, images: bool):
 _STATUS_NAMES = {"WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR": "WAITING_FOR_FSM"}  # 0.19.0
 
 
+#: The statuses seen whose name is the trace's, by status (an enum's ``name`` is slow to
+#: ask for every request at every step).
+_PLAIN_NAMES: dict = {}
+
+
 def status_name(status) -> str:
+    name = _PLAIN_NAMES.get(status)
+    if name is not None:
+        return name
     name = status.name
     if name in _STATUS_NAMES:
         _note(f"RequestStatus.{name}")
         return _STATUS_NAMES[name]
+    _PLAIN_NAMES[status] = name
     return name
 
 
@@ -533,22 +584,13 @@ def set_aside_queue_hook(record, scheduler=None):
     plain deques (one per waiting queue), and marks it in the scheduler's
     ``deferred_waiting`` set first; the only ``add`` to that set inside ``schedule()``
     is that mark, so the set reports each ``add`` made while the hook is on."""
-    import contextlib
-
     deferred = getattr(scheduler, "deferred_waiting", None)
     if isinstance(deferred, set):
         _note("set-aside requests seen in Scheduler.deferred_waiting")
         marks = _RecordingSet(deferred)
         scheduler.deferred_waiting = marks
-
-        @contextlib.contextmanager
-        def marking():
-            marks.record = record
-            try:
-                yield
-            finally:
-                marks.record = None
-        return marking
+        marking = _Set(marks, "record", record, None)
+        return lambda: marking
 
     from vllm.v1.core.sched import scheduler as sched_module
     real = sched_module.create_request_queue
@@ -569,14 +611,23 @@ def set_aside_queue_hook(record, scheduler=None):
         queue.__class__ = recording[base]
         return queue
 
-    @contextlib.contextmanager
-    def hooked():
-        sched_module.create_request_queue = recording_queue
-        try:
-            yield
-        finally:
-            sched_module.create_request_queue = real
-    return hooked
+    hooked = _Set(sched_module, "create_request_queue", recording_queue, real)
+    return lambda: hooked
+
+
+class _Set:
+    """A context manager that sets ``owner.name`` to ``inside`` while it is entered and to
+    ``outside`` when it is left, however it is left (a class: one made of a generator
+    costs more than the hook itself, once per step)."""
+
+    def __init__(self, owner, name: str, inside, outside) -> None:
+        self.owner, self.name, self.inside, self.outside = owner, name, inside, outside
+
+    def __enter__(self) -> None:
+        setattr(self.owner, self.name, self.inside)
+
+    def __exit__(self, *exc) -> None:
+        setattr(self.owner, self.name, self.outside)
 
 
 class _RecordingSet(set):

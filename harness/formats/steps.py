@@ -21,7 +21,12 @@ from harness.formats.stream import RequestSpec, Stream
 
 @dataclass
 class Scheduled:
-    """What one ``schedule()`` call decided, in engine-neutral form."""
+    """What one ``schedule()`` call decided, in engine-neutral form.
+
+    One made by hand (an engine of one's own, an engine process) is copied into the
+    step record's shapes when its step is recorded (:func:`translated`); one that
+    :func:`to_scheduled` makes is already in them (:class:`Translated`).
+    """
 
     # [(req_id, n_tokens)] in the order of vLLM's num_scheduled_tokens dict.
     scheduled: list[tuple[str, int]]
@@ -73,9 +78,38 @@ def kv_cache_header(num_blocks: int, block_size: int, num_layers: int, layer_pag
             "tensor_shape": None if tensor_shape is None else list(tensor_shape)}
 
 
+class Translated(Scheduled):
+    """A :class:`Scheduled` whose containers are all its own, made for this step, and in
+    the shapes the step record holds (``scheduled`` as ``[id, tokens]`` lists,
+    ``finished`` sorted): the trace's step record takes them as they are, uncopied
+    (:func:`harness.formats.trace.step_record`), so nothing may change them after.
+    :func:`to_scheduled` and :func:`nothing_scheduled` make them."""
+
+
+def translated(s: Scheduled) -> Translated:
+    """``s`` in the step record's shapes: itself when :func:`to_scheduled` made it, else a
+    copy (a Scheduled made by hand may hold tuples, an unsorted ``finished``, or
+    containers its engine changes later)."""
+    if isinstance(s, Translated):
+        return s
+    return Translated(
+        scheduled=[[rid, n] for rid, n in s.scheduled],
+        new_block_ids={rid: [list(g) for g in groups] for rid, groups in s.new_block_ids.items()},
+        preempted=list(s.preempted), finished=sorted(s.finished),
+        prefix_hit_tokens=dict(s.prefix_hit_tokens),
+        spec_tokens={rid: list(t) for rid, t in s.spec_tokens.items()},
+        computed_before=dict(s.computed_before), num_tokens=dict(s.num_tokens),
+        num_outputs=dict(s.num_outputs), evicted=list(s.evicted),
+        slots={rid: [list(r) for r in ranges] for rid, ranges in s.slots.items()},
+        set_aside=list(s.set_aside), grammar_index=dict(s.grammar_index),
+        bitmask_rows=[list(r) for r in s.bitmask_rows],
+        encoder_inputs={rid: list(ids) for rid, ids in s.encoder_inputs.items()},
+        encoder_frees=list(s.encoder_frees), placeholders=dict(s.placeholders))
+
+
 def nothing_scheduled() -> Scheduled:
     """A step that schedules nothing (the engine idles)."""
-    return Scheduled([], {}, [], [], {}, {}, {}, {}, {})
+    return Translated([], {}, [], [], {}, {}, {}, {}, {})
 
 
 @dataclass
@@ -193,7 +227,8 @@ class Observed:
 
 
 class WorkerTable(Protocol):
-    """The worker's block table: rows of page ids, and the KV slots they give."""
+    """The worker's block table: rows of page ids, and the KV slots they give.  It copies
+    the ids it is given and never changes the list (the step record holds it)."""
 
     def add_row(self, block_ids: list[int], row: int) -> None: ...
 
@@ -212,7 +247,8 @@ def to_scheduled(handed: Iterable[Handed], num_scheduled_tokens: Iterable[tuple[
                  encoder_inputs: dict[str, list[int]] | None = None,
                  encoder_frees: Iterable[str] = (),
                  placeholders_before: dict[str, int] | None = None) -> Scheduled:
-    """One step in engine-neutral form.
+    """One step in engine-neutral form: a :class:`Translated`, each value copied once out
+    of what the engine handed over.
 
     ``computed_before`` is every request's ``num_computed_tokens`` before the
     step; a handed request's own count replaces it.  ``sizes(req_id)`` gives
@@ -223,64 +259,96 @@ def to_scheduled(handed: Iterable[Handed], num_scheduled_tokens: Iterable[tuple[
     ``encoder_frees`` its multimodal part.  ``placeholders_before``: every request's
     output placeholders before the step (async scheduling; only positive ones are kept).
     """
-    handed_counts: dict[str, int] = {}  # a handed request's own count replaces the step's
+    handed_counts, new_block_ids, admitted = hand_to_workers(handed, workers, rows)
+    scheduled: list[list] = []
+    before: dict[str, int] = {}
+    num_tokens: dict[str, int] = {}
+    num_outputs: dict[str, int] = {}
+    slots: dict[str, list] = {}
+    for rid, n in num_scheduled_tokens:
+        scheduled.append([rid, n])
+        first = before[rid] = handed_counts[rid] if rid in handed_counts else computed_before[rid]
+        num_tokens[rid], num_outputs[rid] = sizes(rid)
+        slots[rid] = written_slots(workers, rows[rid], first, n)
+    hits = observed.hits
+    return Translated(  # in field order; a feature's part is made only when there is one
+        scheduled, new_block_ids, list(observed.preempted), sorted(finished),
+        {rid: hits[rid] for rid in admitted if rid in hits} if hits else {},
+        {rid: list(t) for rid, t in spec_tokens.items()} if spec_tokens else {},
+        before, num_tokens, num_outputs, list(observed.evicted), slots,
+        list(observed.set_aside), dict(grammar_index) if grammar_index else {},
+        [[rid, state] for rid, state in bitmask_rows] if bitmask_rows else [],
+        {rid: list(ids) for rid, ids in encoder_inputs.items()} if encoder_inputs else {},
+        list(encoder_frees) if encoder_frees else [],
+        placeholders(scheduled, placeholders_before) if placeholders_before else {})
+
+
+def counts_before(requests: dict) -> tuple[dict[str, int], dict[str, int]]:
+    """What :func:`to_scheduled` is given of the scheduler's requests (vLLM's or the
+    reference's ``Request``, by id) before a ``schedule()`` call: each one's
+    ``num_computed_tokens``, and its ``num_output_placeholders`` where it holds any (only
+    under async scheduling)."""
+    before: dict[str, int] = {}
+    pending: dict[str, int] = {}
+    for rid, r in requests.items():
+        before[rid] = r.num_computed_tokens
+        if r.num_output_placeholders:
+            pending[rid] = r.num_output_placeholders
+    return before, pending
+
+
+def placeholders(scheduled: list[list], before: dict[str, int]) -> dict[str, int]:
+    """The scheduled requests' positive output placeholders before the step."""
+    return {rid: before[rid] for rid, _ in scheduled if before.get(rid, 0)}
+
+
+def hand_to_workers(handed: Iterable[Handed], workers: list[WorkerTable],
+                    rows: dict[str, int]) -> tuple[dict[str, int], dict[str, list], list[str]]:
+    """Feed each worker table its group's pages of every handed request (a new or resumed
+    one's whole table as its row, a running one's new pages appended), as vLLM's model
+    runner does; the handed requests' own computed counts, their pages as copied for the
+    record, and the requests admitted (new or resumed), in order."""
+    handed_counts: dict[str, int] = {}
     new_block_ids: dict[str, list[list[int]]] = {}
     admitted: list[str] = []
     for h in handed:
-        handed_counts[h.req_id] = h.num_computed_tokens
-        if h.block_ids is not None:
-            new_block_ids[h.req_id] = [list(g) for g in h.block_ids]
-        row = rows[h.req_id]
+        rid = h.req_id
+        handed_counts[rid] = h.num_computed_tokens
+        groups = None if h.block_ids is None else [list(g) for g in h.block_ids]
+        if groups is not None:
+            new_block_ids[rid] = groups
+        row = rows[rid]
         if h.kind == RUNNING:
-            if h.block_ids is not None:
-                for worker, group in zip(workers, h.block_ids):
-                    worker.append_row(list(group), row)
+            if groups is not None:
+                for worker, group in zip(workers, groups):
+                    worker.append_row(group, row)
             continue
-        admitted.append(h.req_id)
+        admitted.append(rid)
         for g, worker in enumerate(workers):
-            worker.add_row(list(h.block_ids[g]) if h.block_ids else [], row)
-
-    scheduled = list(num_scheduled_tokens)
-    before = {rid: handed_counts[rid] if rid in handed_counts else computed_before[rid]
-              for rid, _ in scheduled}
-    size = {rid: sizes(rid) for rid, _ in scheduled}
-    pending = placeholders_before or {}
-    return Scheduled(
-        scheduled=scheduled,
-        new_block_ids=new_block_ids,
-        preempted=list(observed.preempted),
-        finished=sorted(finished),
-        prefix_hit_tokens={rid: observed.hits[rid] for rid in admitted if rid in observed.hits},
-        spec_tokens={rid: list(t) for rid, t in spec_tokens.items()},
-        computed_before=before,
-        num_tokens={rid: size[rid][0] for rid, _ in scheduled},
-        num_outputs={rid: size[rid][1] for rid, _ in scheduled},
-        evicted=list(observed.evicted),
-        slots={rid: written_slots(workers, rows[rid], before[rid], n) for rid, n in scheduled},
-        set_aside=list(observed.set_aside),
-        grammar_index=dict(grammar_index or {}),
-        bitmask_rows=[[rid, state] for rid, state in bitmask_rows],
-        encoder_inputs={rid: list(ids) for rid, ids in (encoder_inputs or {}).items()},
-        encoder_frees=list(encoder_frees),
-        placeholders={rid: pending[rid] for rid, _ in scheduled if pending.get(rid, 0)},
-    )
+            worker.add_row(groups[g] if groups else [], row)
+    return handed_counts, new_block_ids, admitted
 
 
 def written_slots(workers: list[WorkerTable], row: int, first_position: int,
                   num_tokens: int) -> list:
     """The slot runs of one request's new tokens: one list of runs, or one per group."""
-    per_group = [slot_ranges(w.slots(row, first_position, num_tokens)) for w in workers]
-    return per_group[0] if len(per_group) == 1 else per_group
+    if len(workers) == 1:
+        return slot_ranges(workers[0].slots(row, first_position, num_tokens))
+    return [slot_ranges(w.slots(row, first_position, num_tokens)) for w in workers]
 
 
 def slot_ranges(slots: list[int]) -> list[list[int]]:
     """Compress slot ids into [start, end) runs of consecutive slots."""
+    if not slots:
+        return []
     ranges: list[list[int]] = []
+    start = end = slots[0]
     for slot in slots:
-        if ranges and ranges[-1][1] == slot:
-            ranges[-1][1] = slot + 1
-        else:
-            ranges.append([slot, slot + 1])
+        if slot != end:
+            ranges.append([start, end])
+            start = slot
+        end = slot + 1
+    ranges.append([start, end])
     return ranges
 
 

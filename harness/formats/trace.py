@@ -7,10 +7,11 @@ deterministic: the same stream gives the same bytes in every run and process
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.formats.steps import RequestState, Scheduled
+from harness.formats.steps import RequestState, Scheduled, translated
 from harness.formats.stream import Stream, canonical_json
 
 COMPLETED = "completed"
@@ -110,39 +111,50 @@ def step_record(step: int, s: Scheduled, emitted: dict[str, list[int]],
     """One step of a trace, as plain JSON-able data (``optional``: see optional_fields;
     ``stats`` and ``kv_events``: see harness.formats.steps.Engine.stats and .kv_events;
     ``kv_connector``: the connector's calls and the worker's transfer report;
-    ``updated``: async scheduling, the step whose batch's output this step applied)."""
+    ``updated``: async scheduling, the step whose batch's output this step applied).
+
+    The record holds the step's :class:`~harness.formats.steps.Translated` values
+    themselves (a Scheduled made by hand is copied first), and ``stats``, ``kv_events``
+    and ``kv_connector`` as given: each is made for this step alone."""
+    s = translated(s)
     record = {
         "step": step,
-        "scheduled": [[rid, n] for rid, n in s.scheduled],
-        "computed_before": dict(s.computed_before),
-        "new_block_ids": {rid: [list(g) for g in groups] for rid, groups in s.new_block_ids.items()},
-        "preempted": list(s.preempted),
-        "finished": sorted(s.finished),
-        "prefix_hit_tokens": dict(s.prefix_hit_tokens),
-        "spec_tokens": {rid: list(t) for rid, t in s.spec_tokens.items()},
+        "scheduled": s.scheduled,
+        "computed_before": s.computed_before,
+        "new_block_ids": s.new_block_ids,
+        "preempted": s.preempted,
+        "finished": s.finished,
+        "prefix_hit_tokens": s.prefix_hit_tokens,
+        "spec_tokens": s.spec_tokens,
         "emitted": {rid: list(t) for rid, t in emitted.items()},
         "num_computed_tokens": {rid: st.num_computed_tokens for rid, st in states.items()},
         "status": {rid: st.status for rid, st in states.items()},
         "free_blocks": free_blocks,
-        "evicted": list(s.evicted),
-        "slots": {rid: [list(r) for r in ranges] for rid, ranges in s.slots.items()},
+        "evicted": s.evicted,
+        "slots": s.slots,
         "prefix_cache_reset": prefix_cache_reset,
     }
     if optional:
         given = {"stats": stats, "kv_events": kv_events, "kv_connector": kv_connector,
                  "updated": updated}
-        record.update((k, given[k] if k in given else _FROM_STEP[k](s, states))
-                      for k in _OPTIONAL_ORDER if k in optional)
+        for k in _in_order(optional):
+            record[k] = given[k] if k in given else _FROM_STEP[k](s, states)
     return record
+
+
+@functools.lru_cache(maxsize=None)
+def _in_order(optional: frozenset[str]) -> tuple[str, ...]:
+    """The optional fields a step record holds, in their order."""
+    return tuple(k for k in _OPTIONAL_ORDER if k in optional)
 
 
 #: The optional fields made from the step's Scheduled record and the requests' states.
 _FROM_STEP = {
-    "set_aside": lambda s, states: list(s.set_aside),
-    "grammar_index": lambda s, states: dict(s.grammar_index),
-    "bitmask_rows": lambda s, states: [list(r) for r in s.bitmask_rows],
-    "encoder_inputs": lambda s, states: {rid: list(ids) for rid, ids in s.encoder_inputs.items()},
-    "encoder_frees": lambda s, states: list(s.encoder_frees),
+    "set_aside": lambda s, states: s.set_aside,
+    "grammar_index": lambda s, states: s.grammar_index,
+    "bitmask_rows": lambda s, states: s.bitmask_rows,
+    "encoder_inputs": lambda s, states: s.encoder_inputs,
+    "encoder_frees": lambda s, states: s.encoder_frees,
     "output_placeholders": lambda s, states: {rid: st.num_output_placeholders
                                               for rid, st in states.items()},
 }

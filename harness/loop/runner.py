@@ -60,11 +60,32 @@ class _Unlike(Exception):
 def resident_bytes() -> int:
     """The process's resident memory now (Linux), or its peak elsewhere."""
     try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        return int(os.pread(_statm(), 64, 0).split()[1]) * _PAGE_BYTES[0]
     except OSError:
         import resource
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+#: This process's ``/proc/self/statm``, kept open (opening it costs more than reading
+#: it, twice a stream): ``(pid, descriptor, inode)``; a forked worker opens its own, and
+#: a descriptor closed behind the harness's back is opened again.
+_STATM: list[tuple[int, int, int]] = []
+_PAGE_BYTES: list[int] = []
+
+
+def _statm() -> int:
+    pid = os.getpid()
+    if _STATM and _STATM[0][0] == pid:
+        fd, inode = _STATM[0][1:]
+        try:
+            if os.fstat(fd).st_ino == inode:
+                return fd
+        except OSError:
+            pass
+    fd = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
+    _STATM[:] = [(pid, fd, os.fstat(fd).st_ino)]
+    _PAGE_BYTES[:] = [os.sysconf("SC_PAGE_SIZE")]
+    return fd
 
 
 def run(engine: Engine, stream: Stream, limits: Limits | None = None,
@@ -122,8 +143,8 @@ def _loop(engine: Engine, stream: Stream, trace: Trace, limits: Limits,
     # The worker side of a scripted KV connector (stream config kv_role).
     reports = TransferReports(stream) if stream.config.kv_role is not None else None
     drafts_left = {r.id: list(r.drafts) for r in stream.requests}
-    arrived: list[str] = []
-    reported_finished: set[str] = set()
+    # The requests that have arrived and have not been shown finished, in arrival order.
+    live: list[str] = []
     # A batch queue (async scheduling, pipeline parallelism): the batches scheduled whose
     # output is not applied yet, newest first.
     batch_queue = stream.config.batch_queue
@@ -137,7 +158,7 @@ def _loop(engine: Engine, stream: Stream, trace: Trace, limits: Limits,
             engine.abort(r.id)
         for index, r in arrivals.get(step, ()):
             engine.add(r, index)
-            arrived.append(r.id)
+            live.append(r.id)
         for r in grammars.get(step, ()):
             if r.abort_step is None or r.abort_step > step:
                 engine.grammar_ready(r.id)
@@ -168,14 +189,8 @@ def _loop(engine: Engine, stream: Stream, trace: Trace, limits: Limits,
             kv_connector = ({"calls": [], "finished_recving": [], "finished_sending": []}
                             if reports else None)
 
-        states = {}
-        for req_id in arrived:
-            if req_id in reported_finished:
-                continue
-            st = engine.state(req_id)
-            states[req_id] = st
-            if st.status.startswith("FINISHED"):
-                reported_finished.add(req_id)
+        states = {req_id: engine.state(req_id) for req_id in live}
+        live = [req_id for req_id, st in states.items() if not st.status.startswith("FINISHED")]
         trace.steps.append(step_record(step, scheduled, emitted, states,
                                        engine.num_free_blocks(), reset, optional,
                                        stats, kv_events, kv_connector, updated))
