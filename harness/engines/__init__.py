@@ -118,8 +118,12 @@ def _vllm_version_in(site: str) -> str | None:
 def reference_release() -> str:
     """The release the reference states by default: the installed vLLM's when the
     reference describes it, else the newest described release before it, else 0.11.0."""
+    return _described_release(installed_vllm_version())
+
+
+@functools.lru_cache(maxsize=None)
+def _described_release(installed: str | None) -> str:
     from reference import releases
-    installed = installed_vllm_version()
     return releases.newest_described(installed) if installed else releases.RELEASES[0]
 
 
