@@ -340,6 +340,71 @@ def test_unhashable_arguments_build_a_fresh_strategy():
     assert S._memo_key({"a": 1}) is None and S._memo_key([1, [2, {}]]) is None
 
 
+# -- the cheaper draw inside the strategies (harness.checks.strategies.draws.composite) ------------
+
+def _with_draw(cheap: bool, run: Callable[[], Any]) -> Any:
+    """``run()`` with the strategies drawing through the cheaper draw, or hypothesis's own."""
+    from harness.checks.strategies import draws
+    before = draws.cheap_draws
+    draws.cheap_draws = cheap and before
+    try:
+        return run()
+    finally:
+        draws.cheap_draws = before
+
+
+@pytest.mark.parametrize("prop", ["whole_space", "async_scheduling", "structured_outputs",
+                                  "real_workloads"])
+def test_cheaper_draw_draws_what_hypothesis_draws(prop):
+    """The same streams from a seed, mutations included (they follow the spans' labels)."""
+    from harness.jobs.chunks import given_campaign
+
+    def streams() -> list[dict]:
+        drawn: list[dict] = []
+
+        def body(data):
+            drawn.append(data)
+        given_campaign(body, 60, 3, settings(), prop)()
+        return drawn
+    assert _with_draw(True, streams) == _with_draw(False, streams)
+
+
+def test_cheaper_draw_shrinks_as_hypothesis_shrinks():
+    """The same values tried while shrinking: the spans, labels and recorded values that
+    the shrinker works on agree."""
+    from random import Random
+
+    def tried() -> list[dict]:
+        seen: list[dict] = []
+
+        def wanted(config: dict) -> bool:
+            seen.append(config)
+            return (config["max_num_seqs"] >= 3 and config["num_speculative_tokens"] >= 2
+                    and config["policy"] == "priority")
+        find(S.configs(), wanted, settings=settings(database=None, max_examples=200),
+             random=Random(7))
+        return seen
+    assert _with_draw(True, tried) == _with_draw(False, tried)
+
+
+def test_cheaper_draw_follows_the_pinned_hypothesis():
+    """A new hypothesis pin needs its ConjectureData.draw read again (and its release added
+    to draws._FOLLOWED) before the strategies draw with less bookkeeping under it."""
+    from harness.checks.strategies import draws
+    from harness.formats.paths import ROOT
+    pin = re.search(r"^hypothesis==(\S+)", (ROOT / "constraints.txt").read_text(), re.M)
+    assert pin and (hypothesis.__version__ != pin.group(1) or draws.cheap_draws)
+
+
+def test_composite_labels_are_hypothesis_labels():
+    """A span keeps the label hypothesis's own composite gives it."""
+    for ours in (S.streams(), S.configs(), S.set_aside_streams(), S.mm_streams()):
+        built = ours.wrapped_strategy
+        theirs = st.composite(built.definition)(*built.args, **built.kwargs)
+        assert ours.label == theirs.label
+    assert repr(S.streams(max_requests=3)) == "streams(max_requests=3)"
+
+
 # -- rules of later releases that the whole-space streams never decide ----------------------
 
 #: (strategy, rule, the fewest of 200 streams from seed 0 that must decide it): about

@@ -14,6 +14,7 @@ Validation happens before any engine runs, so nothing is written half-way."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
@@ -168,7 +169,12 @@ def _fields_of(obj) -> dict[str, Any]:
     """A dataclass's fields as they are (``asdict`` without its deep copy): the callers
     replace every field that is not a plain value, and a stream is written for every
     trace."""
-    return {f.name: getattr(obj, f.name) for f in fields(obj)}
+    return {name: getattr(obj, name) for name in _field_names(type(obj))}
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))
 
 
 def _without_absent(d: dict[str, Any], optional: dict[str, Any]) -> dict[str, Any]:
@@ -425,11 +431,18 @@ def _pool_given_twice(data: dict[str, Any]) -> list[str]:
     return []
 
 
+@functools.lru_cache(maxsize=64)
+def model_shape(model: str) -> kv_sizing.ModelShape:
+    """The KV shape of a bundled model (``fixtures/models/<model>``), read once per model;
+    raises as ``ModelShape.load`` raises (nothing is kept then)."""
+    return kv_sizing.ModelShape.load(MODELS_DIR / model)
+
+
 def kv_cache_layout(c: Config, null_page_held_back: bool = False) -> kv_sizing.KVCacheLayout:
     """What vLLM's start-up makes of ``kv_cache_memory_bytes`` for the stream's model
     (reference.kv_sizing; raises NotEnoughKVCacheMemory as vLLM raises at start-up;
     ``null_page_held_back``: the check of 0.29.0 on)."""
-    shape = kv_sizing.ModelShape.load(MODELS_DIR / c.model)
+    shape = model_shape(c.model)
     return kv_sizing.kv_cache_layout(shape, c.block_size, c.kv_cache_memory_bytes,
                                      c.max_model_len, null_page_held_back=null_page_held_back)
 
@@ -437,7 +450,7 @@ def kv_cache_layout(c: Config, null_page_held_back: bool = False) -> kv_sizing.K
 def pages_in_memory(c: Config) -> int:
     """How many pages ``kv_cache_memory_bytes`` holds for the stream's model, without
     vLLM's start-up check (reference.kv_sizing)."""
-    shape = kv_sizing.ModelShape.load(MODELS_DIR / c.model)
+    shape = model_shape(c.model)
     return kv_sizing.num_blocks_for_budget(shape, c.block_size, c.kv_cache_memory_bytes)
 
 
@@ -547,13 +560,32 @@ def _async_errors(c: Config) -> list[str]:
     return errors
 
 
+#: Each bundled model's max_position_embeddings, read once from its config.json.
+_POSITION_LIMITS: dict[str, Any] = {}
+
+
+def _position_limit(model: str) -> Any:
+    """The model's ``max_position_embeddings`` (None when its config has none), or
+    :data:`_NO_MODEL` when ``fixtures/models/<model>/config.json`` is not there (asked
+    again next time); a config is read once per model."""
+    if model in _POSITION_LIMITS:
+        return _POSITION_LIMITS[model]
+    path = MODELS_DIR / model / "config.json"
+    if model.startswith(".") or not path.is_file():
+        return _NO_MODEL
+    limit = _POSITION_LIMITS[model] = json.loads(path.read_text()).get("max_position_embeddings")
+    return limit
+
+
+_NO_MODEL = object()
+
+
 def _config_errors(c: Config) -> list[str]:
     errors = []
-    model_config = MODELS_DIR / c.model / "config.json"
-    if c.model.startswith(".") or not model_config.is_file():
+    limit = _position_limit(c.model)
+    if limit is _NO_MODEL:
         return [f"config.model: no model config at fixtures/models/{c.model}/config.json"]
     # The rules below are the ones vLLM 0.11.0 itself enforces at start-up.
-    limit = json.loads(model_config.read_text()).get("max_position_embeddings")
     if isinstance(limit, int) and c.max_model_len > limit:
         errors.append(f"config.max_model_len: must be <= the model's max_position_embeddings ({limit})")
     if c.max_num_batched_tokens < c.max_num_seqs:

@@ -21,16 +21,15 @@ from harness.checks.strategies.draws import (
     _value,
     st,
 )
-from harness.formats.paths import MODELS_DIR
 from harness.formats.stream import (
     Config,
     KVCacheGroup,
     StreamError,
     max_pages_per_request,
+    model_shape,
     parse_drawn_stream,
     shape_errors,
 )
-from reference import kv_sizing
 
 
 @_memoized
@@ -125,8 +124,7 @@ def configs(draw, **overrides: Any) -> dict[str, Any]:
     if groups is None and spare is not None and _one_in(draw, 8):
         # The pool as start-up sizes it from the worker's memory report: the same pages,
         # and up to a page's worth of bytes that make none.
-        page = kv_sizing.ModelShape.load(MODELS_DIR / config["model"]).page_size_bytes_all_layers(
-            block_size)
+        page = model_shape(config["model"]).page_size_bytes_all_layers(block_size)
         config["kv_cache_memory_bytes"] = (config.pop("num_gpu_blocks") * page
                                            + draw(st.integers(0, page - 1)))
     # The fields that the overrides give, or size (budget and spare_blocks).

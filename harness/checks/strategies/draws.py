@@ -1,5 +1,6 @@
 """What every strategy draws with: hypothesis's strategies built once per argument list,
-small helpers for rare choices, and the token, prompt, output and draft draws of a request."""
+composites whose draws skip hypothesis's repeated bookkeeping, small helpers for rare
+choices, and the token, prompt, output and draft draws of a request."""
 
 from __future__ import annotations
 
@@ -7,11 +8,27 @@ import functools
 import types
 from typing import Any, Callable
 
+import hypothesis
 from hypothesis import strategies as _hypothesis_strategies
 from hypothesis.strategies import SearchStrategy
 
 from harness.formats.scripted_model import accepted_prefix
 from harness.formats.stream import Config, StreamError, parse_drawn_stream
+
+try:
+    from hypothesis.errors import FlakyStrategyDefinition
+    from hypothesis.internal.compat import add_note
+    from hypothesis.internal.conjecture.choice import ValueHole
+    from hypothesis.internal.conjecture.data import MAX_DEPTH
+    from hypothesis.internal.conjecture.utils import (calc_label_from_callable,
+                                                     calc_label_from_cls, combine_labels)
+    from hypothesis.strategies._internal.core import CompositeStrategy
+    from hypothesis.strategies._internal.lazy import unwrap_strategies
+    from hypothesis.strategies._internal.utils import defines_strategy
+except ImportError:  # pragma: no cover - another hypothesis: its own composite
+    _FOLLOWED = False
+else:
+    _FOLLOWED = hypothesis.__version__ in frozenset({"6.170.17"})
 
 #: Distinct argument lists kept per constructor before its memo starts afresh.
 _MEMO_SIZE = 4096
@@ -28,6 +45,9 @@ def _memo_key(value: Any) -> Any:
     if kind in _ATOMS:
         return kind, value
     if kind is list or kind is tuple:
+        kinds = tuple(map(type, value))
+        if _ATOMS.issuperset(kinds):  # plain values only (a sampled_from list): one step
+            return kind, tuple(value), kinds
         keys = []
         for v in value:
             key = _memo_key(v)
@@ -38,6 +58,16 @@ def _memo_key(value: Any) -> Any:
     if isinstance(value, SearchStrategy):
         return value  # hashed by identity
     return None
+
+
+def _call_key(args: tuple, kwargs: dict[str, Any]) -> Any:
+    """The memo key of a constructor's arguments (see :func:`_memo_key`)."""
+    if kwargs:
+        return _memo_key((args, tuple(sorted(kwargs.items()))))
+    for a in args:
+        if type(a) is not int:
+            return _memo_key(args)
+    return args  # integers(a, b): the common case, keyed cheaply
 
 
 def _memoized(make: Callable[..., SearchStrategy]) -> Callable[..., SearchStrategy]:
@@ -53,10 +83,7 @@ def _memoized(make: Callable[..., SearchStrategy]) -> Callable[..., SearchStrate
 
     @functools.wraps(make)
     def cached(*args: Any, **kwargs: Any) -> SearchStrategy:
-        if not kwargs and all(type(a) is int for a in args):
-            key: Any = args  # integers(a, b): the common case, keyed cheaply
-        else:
-            key = _memo_key((args, tuple(sorted(kwargs.items()))))
+        key = _call_key(args, kwargs)
         if key is None:
             return make(*args, **kwargs)
         strategy = made.get(key)
@@ -68,8 +95,115 @@ def _memoized(make: Callable[..., SearchStrategy]) -> Callable[..., SearchStrate
     return cached
 
 
+# -- composites with a cheaper draw ------------------------------------------------------------
+#
+# A stream makes about 150 draws, each a choice or two wrapped in a span.  Hypothesis's
+# ``ConjectureData.draw`` works out again on every draw what never changes for a strategy
+# (that it is valid and not empty, what it unwraps to, its label) and runs three imports:
+# about a third of a draw.  The ``draw`` that :func:`composite` hands its definition does
+# what ``ConjectureData.draw`` does for a draw nested in another one -- a span with the
+# strategy's label around its ``do_draw``, the value recorded for the span -- with those
+# answers worked out once per strategy; anything out of the ordinary (a label given, a
+# value to re-encode while shrinking, the depth limit, an empty strategy) goes to
+# hypothesis's own ``data.draw``.  The choices, spans, labels and recorded values are
+# hypothesis's own, so a seed draws the same streams and shrinks them the same way
+# (tests/test_strategies.py compares the two draws).  It follows ``ConjectureData.draw``
+# of the hypothesis releases in ``_FOLLOWED``; under another, ``composite`` is
+# hypothesis's own.
+
+#: Whether composites draw with :func:`_cheap_draw` (tests switch it off to compare).
+cheap_draws = _FOLLOWED
+
+#: Where a strategy keeps what :func:`_drawable` worked out for it.
+_DRAWABLE = "_harness_drawable"
+
+
+def composite(f: Callable[..., Any]) -> Callable[..., SearchStrategy]:
+    """``st.composite(f)``, with :class:`_Composite` inside the lazy strategy hypothesis
+    wraps a composite in (so the checks of ``f`` and the repr are hypothesis's)."""
+    checked = _hypothesis_strategies.composite(f)
+    if not _FOLLOWED:
+        return checked
+
+    @defines_strategy()
+    @functools.wraps(checked)
+    def build(*args: Any, **kwargs: Any) -> SearchStrategy:
+        return _Composite(f, args, kwargs)
+    return build
+
+
+if _FOLLOWED:
+    class _Composite(CompositeStrategy):
+        """Hypothesis's composite strategy, whose definition draws with :func:`_cheap_draw`;
+        its label is the one hypothesis gives the same definition."""
+
+        def do_draw(self, data):
+            draw = _cheap_draw(data) if cheap_draws and data.depth > 0 else data.draw
+            return self.definition(draw, *self.args, **self.kwargs)
+
+        def calc_label(self) -> int:
+            return _composite_label(self.definition)
+
+    _COMPOSITE_CLASS_LABEL = calc_label_from_cls(CompositeStrategy)
+
+
+@functools.lru_cache(maxsize=None)
+def _composite_label(definition: Callable) -> int:
+    """The label hypothesis gives a composite of ``definition``, worked out once per
+    definition (it hashes the definition's code) rather than once per strategy."""
+    return combine_labels(_COMPOSITE_CLASS_LABEL, calc_label_from_callable(definition))
+
+
+def _cheap_draw(data) -> Callable[..., Any]:
+    """``data.draw`` for the draws of one composite (see above)."""
+    record = data._ConjectureData__span_record  # where ConjectureData.draw records values
+    slow = data.draw
+
+    def draw(strategy: SearchStrategy, label: int | None = None) -> Any:
+        drawable = _drawable(strategy)
+        if (label is not None or drawable is None or data.depth >= MAX_DEPTH
+                or _at_value_hole(data)):
+            return slow(strategy, label)
+        do_draw, span_label = drawable
+        span = record.span_count
+        data.start_span(span_label)
+        try:
+            value = do_draw(data)
+        except FlakyStrategyDefinition as err:
+            add_note(err, f"while drawing from {strategy!r}")
+            raise
+        else:
+            record.record_value_for_span(span, value)
+            return value
+        finally:
+            data.stop_span()
+    return draw
+
+
+def _drawable(strategy: SearchStrategy) -> tuple[Callable, int] | None:
+    """What a draw from ``strategy`` runs, and its span's label; None for an empty
+    strategy.  Validated (raising as hypothesis's draw raises) and worked out once."""
+    known = strategy.__dict__.get(_DRAWABLE)
+    if known is None:
+        strategy.validate()
+        if strategy.is_empty:
+            return None
+        unwrapped = unwrap_strategies(strategy)
+        known = strategy.__dict__[_DRAWABLE] = (unwrapped.do_draw, unwrapped.label)
+    return known
+
+
+def _at_value_hole(data) -> bool:
+    """Whether the shrinker left a value here for the draw to re-encode (which
+    hypothesis's own draw does)."""
+    prefix = data.prefix
+    return prefix is not None and data.index < len(prefix) and isinstance(
+        prefix[data.index], ValueHole)
+
+
 #: ``hypothesis.strategies`` with the constructors this module calls inside its draws
-#: memoized (:func:`_memoized`); everything else is hypothesis's own.
+#: memoized (:func:`_memoized`) and :func:`composite` with its cheaper draw; everything
+#: else is hypothesis's own.
 st = types.SimpleNamespace(**{name: getattr(_hypothesis_strategies, name)
                               for name in _hypothesis_strategies.__all__})
 
@@ -77,6 +211,7 @@ st = types.SimpleNamespace(**{name: getattr(_hypothesis_strategies, name)
 for _name in ("binary", "booleans", "integers", "just", "lists", "none", "one_of",
               "sampled_from"):
     setattr(st, _name, _memoized(getattr(_hypothesis_strategies, _name)))
+st.composite = composite
 
 
 #: Token ids are drawn from ``range(vocab_size)``; small, so that prefixes,
@@ -132,9 +267,21 @@ def _tokens(draw, n: int, vocab: int, avoid: frozenset[int] = frozenset()) -> li
     """
     if n <= 0:
         return []
-    allowed = [t for t in range(vocab) if t not in avoid]
-    raw = draw(st.binary(min_size=n, max_size=n))
+    allowed = _alphabet(vocab, avoid)
+    raw = draw(_bytes_of_length(n))
     return [allowed[b % len(allowed)] for b in raw]
+
+
+@functools.lru_cache(maxsize=1024)
+def _alphabet(vocab: int, avoid: frozenset[int]) -> tuple[int, ...]:
+    """The tokens ``0 .. vocab - 1`` but those in ``avoid``."""
+    return tuple(t for t in range(vocab) if t not in avoid)
+
+
+@_memoized
+def _bytes_of_length(n: int) -> SearchStrategy[bytes]:
+    """``st.binary(min_size=n, max_size=n)``, looked up by ``n`` alone."""
+    return _hypothesis_strategies.binary(min_size=n, max_size=n)
 
 
 def _text(draw, n: int, vocab: int = DEFAULT_VOCAB_SIZE) -> list[int]:
