@@ -50,8 +50,9 @@ def test_a_fitted_stream_is_valid_and_uses_only_declared_features(data, declared
 def test_stopping_by_length_instead_schedules_the_same_tokens(data):
     """Taking EOS, stop tokens and the model-length stop away keeps every step's schedule:
     each request stops at the same output, by its own limit.  (Not with drafts: vLLM cuts
-    a request's drafts to its max_tokens, so there the limit itself matters.)"""
-    plain = features.fit(data, set(features.FEATURES) - {"spec_decode"})
+    a request's drafts to its max_tokens, so there the limit itself matters.  And from one
+    EOS per engine: the stand-ins for it change output tokens, so prefix-cache hits.)"""
+    plain = features.fit(data, set(features.FEATURES) - {"spec_decode", "eos_per_request"})
     fitted = features.fit(plain, set(features.FEATURES) - {"spec_decode", "eos", "stop_tokens",
                                                           "model_len_stop"})
     reference = get_engine("reference", "0.11.0")
@@ -68,6 +69,54 @@ def test_one_eos_per_engine_keeps_where_each_request_stops():
     assert {r["eos_token_id"] for r in fitted["requests"]} == {7}
     assert [r["output"] for r in fitted["requests"]] == [[3, 5, 7], [8, 9], [4, 7]]
     assert "eos_per_request" in features.used(s) and "eos_per_request" not in features.used(fitted)
+
+
+def test_one_eos_never_makes_a_request_say_what_its_grammar_rejects():
+    """Shrunk from test_stopping_by_length_instead_schedules_the_same_tokens: b says the
+    common EOS 0 without stopping, and its stand-in was 1, which b's grammar rejects
+    (StreamError: "requests[1] (b).output: holds token(s) [1] that structured_output
+    rejects")."""
+    s = {"config": {}, "requests": [
+        {"id": "a", "prompt": [0], "output": [1], "eos_token_id": 0},
+        {"id": "b", "prompt": [0], "output": [0],
+         "structured_output": {"ready_step": 0, "rejected_tokens": [1]}}]}
+    plain = features.fit(s, set(features.FEATURES) - {"spec_decode"})
+    fitted = features.fit(plain, set(features.FEATURES) - {"spec_decode", "eos", "stop_tokens",
+                                                          "model_len_stop"})
+    parse_stream(fitted)
+    assert [r["output"] for r in fitted["requests"]] == [[1], [2]]
+
+
+def test_one_eos_keeps_each_request_valid_and_where_it_stops():
+    s = {"config": {}, "requests": [
+        {"id": "a", "prompt": [0], "output": [1], "eos_token_id": 0},
+        # says 0 twice, once spoken: a stand-in its grammar accepts
+        {"id": "b", "prompt": [0], "output": [0, 0], "max_tokens": 1,
+         "structured_output": {"ready_step": 0, "rejected_tokens": [1]}},
+        # every near stand-in is a stop token, but it never says 0 (was StopIteration)
+        {"id": "c", "prompt": [0], "output": [3], "eos_token_id": 0, "stop_token_ids": [1, 2]},
+        # stops at the stop token 0: it stays (a stand-in there moved the stop to 2)
+        {"id": "d", "prompt": [0], "output": [0, 5], "stop_token_ids": [0]},
+        # stops by its EOS 4, but its grammar rejects 0: it stops by length there
+        {"id": "e", "prompt": [0], "output": [4, 6], "eos_token_id": 4,
+         "structured_output": {"ready_step": 0, "rejected_tokens": [0]}}]}
+    fitted = features.fit(s, set(features.FEATURES) - {"eos_per_request"})
+    stream = parse_stream(fitted)
+    assert [r["output"] for r in fitted["requests"]] == [[1], [2, 2], [3], [0, 5], [4]]
+    assert [r.stop_index(256) for r in stream.requests] == [0, 0, 0, 0, 0]
+    assert "eos_per_request" not in features.used(fitted)
+
+
+def test_one_eos_on_a_stop_token_does_not_bring_stop_tokens_back():
+    """f stops by its EOS 5; under the common EOS 0, one of its stop tokens, it would stop
+    there by a stop token, a feature the engine lacks: its stop tokens go."""
+    s = {"config": {}, "requests": [
+        {"id": "a", "prompt": [0], "output": [1], "eos_token_id": 0},
+        {"id": "f", "prompt": [0], "output": [5], "eos_token_id": 5, "stop_token_ids": [0]}]}
+    fitted = features.fit(s, {"prefix_caching", "eos"})
+    parse_stream(fitted)
+    assert fitted["requests"][1] == {"id": "f", "prompt": [0], "output": [0], "eos_token_id": 0}
+    assert set(features.used(fitted)) <= {"prefix_caching", "eos"}
 
 
 def test_an_unknown_declared_feature_is_one_line(tmp_path, monkeypatch):

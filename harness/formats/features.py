@@ -15,6 +15,9 @@ removes the features not declared, keeping the stream valid:
 * a request that would stop at an EOS or a stop token the engine does not model stops
   by length at the same output instead (its output script is cut there, ``max_tokens``
   set to it), so every step that schedules it schedules the same tokens;
+* without an EOS of each request's own, every request gets the first EOS named, its
+  script rewritten to stop where it stopped (a stand-in token where it says that EOS
+  without stopping);
 * without chunked prefill the token budget is raised to ``max_model_len``, as vLLM
   requires;
 * without a pool sized from memory the pool is ``num_gpu_blocks`` pages.
@@ -234,22 +237,68 @@ def _no_stop_tokens(s: Stream) -> None:
 
 def _one_eos(s: Stream) -> None:
     """Every request gets the first EOS named; each script is rewritten so the request
-    stops where it stopped: its own EOS becomes the common one, and the common one met
-    earlier in its output becomes another token."""
+    stops where it stopped (:func:`_say_common_eos`)."""
     mml = _config(s).get("max_model_len", 256)
     named = [r["eos_token_id"] for r in _requests(s) if r.get("eos_token_id") is not None]
     if not named:
         return
-    common = named[0]
     for r in _requests(s):
-        stops = set(r.get("stop_token_ids") or ())
-        other = next(t for t in (common + 1, common - 1, common + 2, common - 2)
-                     if 0 <= t <= 100000 and t not in stops)
-        kind, end = _stop_kind(r, mml), _stop_end(r, mml)
-        output = [other if t == common else t for t in r.get("output", [])]
-        if kind == "eos":
-            output[end - 1] = common
-        r["output"], r["eos_token_id"] = output, common
+        _say_common_eos(r, named[0], mml)
+
+
+def _say_common_eos(r: dict[str, Any], common: int, max_model_len: int) -> None:
+    """The request's script under the one EOS ``common``, stopping where it stopped: its
+    own EOS becomes the common one, and the common one said anywhere else a stand-in
+    (:func:`_stand_in`, avoiding its stop tokens).  Where that makes it say a token its
+    grammar rejects, or stop elsewhere (at a stop token that is the common EOS), the
+    stand-in avoids the rejected tokens too and the stop token it stops at stays.  A request
+    whose grammar rejects the common EOS cannot say it: it stops by length there."""
+    kind, end = _stop_kind(r, max_model_len), _stop_end(r, max_model_len)
+    if kind == "eos" and common in _rejected(r):
+        r["output"], r["max_tokens"], kind = r["output"][:end], end, "length"
+    script, stops = list(r.get("output", [])), set(r.get("stop_token_ids") or ())
+    r["eos_token_id"] = common
+    r["output"] = _with_stand_in(script, common, kind, end, stops)
+    if _stop_end(r, max_model_len) != end or _rejected(r) & set(r["output"][:end]):
+        r["output"] = _with_stand_in(script, common, kind, end, stops | _rejected(r),
+                                     keep=end - 1 if kind == "stop_token" else None)
+
+
+def _with_stand_in(script: list[int], common: int, kind: str, end: int, avoid: set[int],
+                   keep: int | None = None) -> list[int]:
+    """``script`` saying the common EOS where the request stops by EOS (``kind``, at
+    ``end``), and a stand-in avoiding ``avoid`` wherever else it says it, except at index
+    ``keep``."""
+    out = list(script)
+    said = [i for i, t in enumerate(out) if t == common and i != keep]
+    if said:
+        other = _stand_in(common, avoid)
+        for i in said:
+            out[i] = other
+    if kind == "eos":
+        out[end - 1] = common
+    return out
+
+
+def _rejected(r: dict[str, Any]) -> set[int]:
+    """The tokens the request's grammar never lets it sample."""
+    return set((r.get("structured_output") or {}).get("rejected_tokens") or ())
+
+
+#: Stand-ins are taken among token ids up to this one first, as they always were.
+STAND_IN_CEILING = 100_000
+#: Token ids are below this (the stream format's bound).
+TOKEN_LIMIT = 2 ** 31
+
+
+def _stand_in(common: int, avoid: set[int]) -> int:
+    """The token put where a request says the common EOS without stopping at it: the
+    nearest one to it (above before below, ids up to :data:`STAND_IN_CEILING` first)
+    that ``avoid`` lacks."""
+    reach = len(avoid) + 2  # so many ids on either side hold one not avoided
+    near = range(max(common - reach, 0), min(common + reach, TOKEN_LIMIT - 1) + 1)
+    return min((t for t in near if t != common and t not in avoid),
+               key=lambda t: (t > STAND_IN_CEILING, abs(t - common), t < common))
 
 
 def _stop_end(r: dict[str, Any], max_model_len: int) -> int:
@@ -364,6 +413,26 @@ TURN_ON: dict[str, Callable[[Stream], None]] = {
 }
 
 
+def _no_stop_token_at_eos(s: Stream) -> None:
+    """A request that stops at a stop token that is also its EOS stops there by EOS alone
+    (vLLM checks the EOS first): its stop tokens go."""
+    mml = _config(s).get("max_model_len", 256)
+    for r in _requests(s):
+        if _stop_kind(r, mml) == "stop_token" and not r.get("ignore_eos") \
+                and r["output"][_stop_end(r, mml) - 1] == r.get("eos_token_id"):
+            r.pop("stop_token_ids")
+
+
+#: Features a later step can bring back, and how they are taken out again: the one EOS
+#: (:func:`_one_eos`) can fall on a stop token kept because none fired.
+RESTRIP: dict[str, Callable[[Stream], None]] = {"stop_tokens": _no_stop_token_at_eos}
+
+
+#: The order features are taken out in: the vocabulary's, but a grammar first, so that the
+#: one EOS's stand-ins avoid only the tokens of a grammar that stays (:func:`_one_eos`).
+STRIP_ORDER = ("structured_output",) + tuple(f for f in FEATURES if f != "structured_output")
+
+
 def fit(stream: Stream, declared: Iterable[str], always_on: Iterable[str] = ()) -> Stream:
     """The stream (its JSON) with every feature ``declared`` lacks taken out, and those the
     engine has ``always_on`` turned on; a copy."""
@@ -371,11 +440,18 @@ def fit(stream: Stream, declared: Iterable[str], always_on: Iterable[str] = ()) 
     out = copy.deepcopy(stream)
     for name in always_on:
         TURN_ON[name](out)
-    for name in FEATURES:
-        lacking = name not in have or NEEDS.get(name, name) not in have
-        if lacking and USES[name](out):
+    for name in STRIP_ORDER:
+        if _lacks(have, name) and USES[name](out):
             STRIP[name](out)
+    for name, strip in RESTRIP.items():
+        if _lacks(have, name) and USES[name](out):
+            strip(out)
     return _pool_large_enough(out)
+
+
+def _lacks(have: set[str], name: str) -> bool:
+    """Whether an engine declaring ``have`` lacks the feature (or one it needs)."""
+    return name not in have or NEEDS.get(name, name) not in have
 
 
 def fit_for(stream: Stream, engine) -> Stream:
