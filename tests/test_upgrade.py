@@ -567,6 +567,7 @@ def test_a_stream_no_change_explains_alone_is_named_by_the_fewest_changes_that_d
     checker._with = {}
     checker.base_with = lambda changes: Engine(rules=checker.base.rules ^ frozenset(changes))
     checker._single = {n: checker.base_with({n}) for n in checker.candidates}
+    checker._target_asked = None
     new = {"steps": [], "shows": True}
     old = {"steps": [], "shows": False}
     assert checker.cause_of(None, new, old, new) == ("a", "c")

@@ -173,7 +173,7 @@ class Checker:
         that the others still explain without: a set none of whose changes can be left out."""
         kept = list(self.active)
         start = self.base_with(set(kept))
-        made = getattr(self, "_target_asked", None)  # (stream, asked) of traces()' last run
+        made = self._target_asked  # (stream, asked) of the last run traces() made
         if start.rules == self.target.rules and made is not None and made[0] is stream:
             asked = made[1]  # the release's run is this one
         else:
