@@ -10,11 +10,10 @@ aborts and prefix-cache resets come at the stream's steps, as in
 
 from __future__ import annotations
 
-from collections import defaultdict
 
 from harness.engines.reference_engine import ReferenceEngine
 from harness.formats.scripted_model import accepted_prefix
-from harness.formats.stream import Stream
+from harness.formats.stream import Stream, timeline
 from reference.request import RequestStatus
 from reference.scheduler import Scheduler
 
@@ -61,22 +60,17 @@ def _loop(stream: Stream, release: str, record: list | None, steps: list[int]) -
     sched = engine.sched = Scheduler(engine.config)  # no recorder: nothing observed
     script = {r.id: r for r in stream.requests}
     drafts_left = {r.id: list(r.drafts) for r in stream.requests}
-    arrivals: dict[int, list] = defaultdict(list)
-    aborts: dict[int, list[str]] = defaultdict(list)
-    for index, r in enumerate(stream.requests):
-        arrivals[r.arrival_step].append((index, r))
-        if r.abort_step is not None:
-            aborts[r.abort_step].append(r.id)
-    last_arrival = max(arrivals)
-    resets = set(stream.reset_prefix_cache_steps)
+    times = timeline(stream)
+    arrivals, aborts, resets, last_arrival = (times.arrivals, times.aborts, times.resets,
+                                              times.last_arrival)
     requests = engine.requests
     step = 0
     while step < stream.config.max_steps:
         steps[0] = step
         if step in resets:
             sched.reset_prefix_cache()
-        for rid in aborts.get(step, ()):
-            sched.finish_requests([rid], RequestStatus.FINISHED_ABORTED)
+        for r in aborts.get(step, ()):
+            sched.finish_requests([r.id], RequestStatus.FINISHED_ABORTED)
         for index, spec in arrivals.get(step, ()):
             engine.add(spec, index)
         if sched.num_unfinished() == 0 and step >= last_arrival:

@@ -14,7 +14,6 @@ pipeline stages, a KV connector or structured output (:func:`refuses` says why).
 from __future__ import annotations
 
 import dataclasses
-from collections import defaultdict
 
 from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
@@ -25,7 +24,7 @@ from harness.engines.reference_bare import refuses  # the same streams, both bar
 from harness.engines.vllm_adapter import (POOLED, build_scheduler, mm_features,
                                           pages_from_memory, pooling_params, sampling_params)
 from harness.formats.scripted_model import accepted_prefix
-from harness.formats.stream import Stream, largest_mm_item, lora_ids
+from harness.formats.stream import Stream, largest_mm_item, lora_ids, timeline
 
 
 @dataclasses.dataclass
@@ -68,14 +67,9 @@ def _loop(stream: Stream, record: bool, run: BareRun) -> None:
     pooling = any(r.pooling for r in stream.requests)
     script = {r.id: r for r in stream.requests}
     drafts_left = {r.id: list(r.drafts) for r in stream.requests}
-    arrivals: dict[int, list] = defaultdict(list)
-    aborts: dict[int, list[str]] = defaultdict(list)
-    for index, r in enumerate(stream.requests):
-        arrivals[r.arrival_step].append((index, r))
-        if r.abort_step is not None:
-            aborts[r.abort_step].append(r.id)
-    last_arrival = max(arrivals)
-    resets = set(stream.reset_prefix_cache_steps)
+    times = timeline(stream)
+    arrivals, aborts, resets, last_arrival = (times.arrivals, times.aborts, times.resets,
+                                              times.last_arrival)
     requests: dict[str, Request] = {}
     steps = run.scheduled
 
@@ -84,8 +78,8 @@ def _loop(stream: Stream, record: bool, run: BareRun) -> None:
         run.steps = step
         if step in resets:
             sched.reset_prefix_cache()
-        for rid in aborts.get(step, ()):
-            sched.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
+        for r in aborts.get(step, ()):
+            sched.finish_requests(r.id, RequestStatus.FINISHED_ABORTED)
         for index, spec in arrivals.get(step, ()):
             params = sampling_params(spec)
             lora = None if spec.lora is None else LoRARequest(

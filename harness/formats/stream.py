@@ -314,6 +314,26 @@ class Stream:
         return self.config.num_speculative_tokens > 0
 
 
+@dataclass(frozen=True)
+class Timeline:
+    """When a stream's requests come and go, step by step: what every step loop reads."""
+
+    arrivals: dict[int, list[tuple[int, RequestSpec]]]  # step -> [(arrival index, request)]
+    aborts: dict[int, list[RequestSpec]]  # step -> requests aborted then
+    resets: frozenset[int]  # steps whose prefix cache is reset first
+    last_arrival: int
+
+
+def timeline(stream: Stream) -> Timeline:
+    arrivals: dict[int, list[tuple[int, RequestSpec]]] = {}
+    aborts: dict[int, list[RequestSpec]] = {}
+    for index, r in enumerate(stream.requests):
+        arrivals.setdefault(r.arrival_step, []).append((index, r))
+        if r.abort_step is not None:
+            aborts.setdefault(r.abort_step, []).append(r)
+    return Timeline(arrivals, aborts, frozenset(stream.reset_prefix_cache_steps), max(arrivals))
+
+
 def lora_ids(stream: Stream) -> dict[str, int]:
     """Each adapter's integer id: 1, 2, ... in order of first mention in the stream (a
     server gives ids as it loads adapters; any order serves, as long as both engines

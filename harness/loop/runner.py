@@ -27,7 +27,7 @@ from pathlib import Path
 from harness.formats import counterexamples, scripted_model
 from harness.formats.steps import Engine, TransferReports, nothing_scheduled
 from harness.formats.paths import write_atomic
-from harness.formats.stream import Stream
+from harness.formats.stream import Stream, timeline
 from harness.formats.trace import ENGINE_FAILURE, Trace, optional_fields, step_record
 
 
@@ -127,14 +127,9 @@ def _loop(engine: Engine, stream: Stream, trace: Trace, limits: Limits,
           like: Trace | None = None) -> None:
     started = time.monotonic()
     by_id = {r.id: r for r in stream.requests}
-    arrivals: dict[int, list] = defaultdict(list)
-    aborts: dict[int, list] = defaultdict(list)
-    for index, r in enumerate(stream.requests):
-        arrivals[r.arrival_step].append((index, r))
-        if r.abort_step is not None:
-            aborts[r.abort_step].append(r)
-    last_arrival = max(arrivals)
-    resets = set(stream.reset_prefix_cache_steps)
+    times = timeline(stream)
+    arrivals, aborts, resets, last_arrival = (times.arrivals, times.aborts, times.resets,
+                                              times.last_arrival)
     grammars: dict[int, list] = defaultdict(list)
     for r in stream.requests:
         if r.structured_output is not None:
