@@ -36,6 +36,10 @@ class KVCacheCoordinator:
         self.managers = tuple(manager_for(spec, pool, i, has) for i, spec in enumerate(specs))
         for m in self.managers:
             m.use_eagle = use_eagle
+        # The managers whose window lets them give pages back as a request runs.
+        self.windowed = tuple(m for m in self.managers if m.gives_pages_back)
+        # What a request that takes no page gets: no page in any group (never changed).
+        self.no_pages: PerGroup = tuple(() for _ in self.managers)
         self.is_hybrid = enable_caching and len(specs) > 1
         if not enable_caching:
             self.lookup = self.no_hit
@@ -87,7 +91,7 @@ class KVCacheCoordinator:
             m.free(request_id)
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
-        for m in self.managers:
+        for m in self.windowed:
             m.remove_skipped_blocks(request_id, num_computed_tokens)
 
     def tables(self, request_id: str) -> PerGroup:

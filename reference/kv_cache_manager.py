@@ -112,7 +112,6 @@ class KVCacheManager:
         """
         if num_new_tokens == 0:
             raise ValueError("num_new_tokens must be greater than 0")
-        hits = new_computed_blocks or self.coordinator.empty()
         rid = request.request_id
         self.coordinator.remove_skipped_blocks(rid, self.processed_tokens(request))
         num_computed = request.num_computed_tokens + num_new_computed_tokens
@@ -120,8 +119,9 @@ class KVCacheManager:
         with_loaded = num_computed + num_external_tokens  # ``num_new_tokens`` holds the loaded ones
         if new_computed_blocks is None and not reserved_blocks \
                 and self.coordinator.has_room(rid, num_slots):
-            new_blocks = self.coordinator.empty()  # every group's count is 0 or less: it fits
+            new_blocks = self.coordinator.no_pages  # every group's count is 0 or less: it fits
         else:
+            hits = new_computed_blocks or self.coordinator.empty()
             if self.coordinator.pages_to_allocate(rid, num_slots, hits, with_loaded,
                                                   self.allocation_bound()) \
                     > self.pool.num_free_blocks() - reserved_blocks:

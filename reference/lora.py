@@ -48,3 +48,7 @@ class AdapterSlots:
         """An admitted request's adapter joins the step."""
         if self.max_loras is not None and request.lora_id is not None:
             self.ids.add(request.lora_id)
+
+
+#: The slots of a step when no ``max_loras`` applies: nothing is ever turned away.
+NO_ADAPTER_LIMIT = AdapterSlots(None, ())

@@ -131,6 +131,8 @@ class GroupManager:
         the token after it: eagle_hashes_cover_the_next_token)."""
         num_full = min(num_tokens, hashed_tokens(request)) // self.block_size
         num_cached = self.num_cached_block[request.request_id]
+        if num_full == num_cached:
+            return  # no page filled up since the last call (most decode steps)
         self.pool.cache_full_blocks(request.block_hashes, self.table(request.request_id),
                                     num_cached, num_full, self.group_id, request,
                                     self.block_size,
@@ -157,6 +159,9 @@ class GroupManager:
     def free_order(self, table: list[Block]):
         """Tail first, so that a request's tail is evicted before its shared prefix."""
         return reversed(table)
+
+    #: Whether the group's window lets it give pages back while the request runs.
+    gives_pages_back = False
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         """Full attention and Mamba keep every page while the request runs."""
@@ -225,6 +230,8 @@ class FullAttentionManager(GroupManager):
 
 class SlidingWindowManager(GroupManager):
     """A token attends to the ``sliding_window`` tokens ending at it."""
+
+    gives_pages_back = True
 
     def admission_cap(self, tokens_in_flight: int, max_model_len: int) -> int | None:
         """The window's earlier tokens and those in flight, one page more for a window
@@ -315,6 +322,8 @@ def window_pages(spec: KVCacheSpec) -> int:
 
 class ChunkedLocalAttentionManager(GroupManager):
     """A token attends only to the tokens of its chunk of ``attention_chunk_size``."""
+
+    gives_pages_back = True
 
     def admission_cap(self, tokens_in_flight: int, max_model_len: int) -> int | None:
         """A chunk and the tokens in flight."""

@@ -133,13 +133,14 @@ def check_stop(request: Request, max_model_len: int, stop_tokens_first: bool = F
     ``ignore_eos``, then the stop tokens.  From 0.11.1 (stop_tokens_before_length)
     EOS and the stop tokens come first, then length.
     """
-    if not stop_tokens_first and length_capped(request, max_model_len):
+    capped = length_capped(request, max_model_len)
+    if capped and not stop_tokens_first:
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True
     if stopped_by_eos(request) or stopped_by_stop_token(request):
         request.status = RequestStatus.FINISHED_STOPPED
         return True
-    if length_capped(request, max_model_len):
+    if capped:
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True
     return False

@@ -34,7 +34,7 @@ from reference.kv_cache_manager import KVCacheManager, block_ids
 from reference.kv_cache_spec import MAMBA
 from reference.kv_connector import KVConnector, last_token_computed_again, tokens_after_load
 from reference.kv_events import KVEvent
-from reference.lora import AdapterSlots
+from reference.lora import NO_ADAPTER_LIMIT, AdapterSlots
 from reference.output import CachedRequestData, NewRequestData, SchedulerOutput
 from reference.request import Request, RequestStatus, check_pooled, check_stop
 from reference.request_queue import RequestQueue, make_queue, runs_before
@@ -91,6 +91,9 @@ class Scheduler:
             cache_size, items_taken_per_request=True,
             held_to_last_occurrence=True)
         self.requests: dict[str, Request] = {}
+        # Whether any request so far came with a grammar: a step without one has no
+        # structured-output part to work out.
+        self.grammars_seen = False
         self.waiting = make_queue(config.policy)
         # From 0.18.0 (set_aside_requests_wait_apart): requests set aside, and new ones that
         # cannot run yet, wait in a queue of their own (vLLM's skipped_waiting).
@@ -140,6 +143,7 @@ class Scheduler:
         if request.status == RequestStatus.WAITING_FOR_FSM and self.holders_wait_first():
             self.deferred.add(request)
         self.requests[request.request_id] = request
+        self.grammars_seen = self.grammars_seen or request.grammar is not None
 
     def hash_lookahead_tokens(self) -> int:
         """From 0.33.0 (eagle_hashes_cover_the_next_token), with an eagle drafter, prefix
@@ -251,7 +255,7 @@ class Scheduler:
         self.unfinished_at_step_start = self.num_unfinished()
         self.threshold_this_step = self.long_prefill_threshold()
         self._schedule_running(plan)
-        plan.adapters = AdapterSlots(self.config.max_loras, self.adapter_holders(plan))
+        plan.adapters = self.step_adapters(plan)
         if self.admits_waiting(plan):
             self._schedule_waiting(plan)
         self._check_limits(plan)
@@ -259,6 +263,13 @@ class Scheduler:
         self._advance_computed_tokens(output)
         self._forget_reported_finished()
         return output
+
+    def step_adapters(self, plan: StepPlan) -> AdapterSlots:
+        """The step's LoRA slots once the running requests are scheduled; without
+        ``max_loras`` there is no limit to keep."""
+        if self.config.max_loras is None:
+            return NO_ADAPTER_LIMIT
+        return AdapterSlots(self.config.max_loras, self.adapter_holders(plan))
 
     def adapter_holders(self, plan: StepPlan) -> list[Request]:
         """The requests whose adapters hold the step's LoRA slots: the running requests
@@ -827,7 +838,7 @@ class Scheduler:
         return SchedulerOutput(
             scheduled_new_reqs=new,
             scheduled_cached_reqs=cached,
-            num_scheduled_tokens=dict(plan.num_scheduled_tokens),
+            num_scheduled_tokens=plan.num_scheduled_tokens,  # the plan ends with the step
             scheduled_spec_decode_tokens={k: list(v) for k, v in plan.spec_tokens.items()},
             finished_req_ids=self.finished_req_ids,
             grammar=self.grammar_batch(plan),
@@ -841,6 +852,8 @@ class Scheduler:
         batch; from 0.11.1 (grammar_rows_in_grant_order) in the order tokens were granted."""
         # Every request of the batch has a grant (a priority victim of 0.11.0 keeps its
         # grant after leaving the batch): with none constrained, both orders give nothing.
+        if not self.grammars_seen:
+            return GrammarBatch()
         granted = [self.requests[rid] for rid in plan.num_scheduled_tokens]
         if not any(r.grammar is not None for r in granted):
             return GrammarBatch()
