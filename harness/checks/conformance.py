@@ -79,8 +79,10 @@ def compare(stream: Stream, reference=None, vllm=None,
             fields: tuple[str, ...] | None = None) -> Comparison:
     """Run ``stream`` through both engines (the process's own unless given), compared on
     ``fields`` (default :data:`COMPARED`: every field)."""
-    left = run(vllm or get_engine("vllm"), stream).to_json()
-    right = run(reference or get_engine("reference"), stream).to_json()
+    left = run(vllm or get_engine("vllm"), stream)
+    right = run(reference or get_engine("reference"), stream)
+    shared = stream.to_json()  # the two traces' stream, made once
+    left, right = left.to_json(shared), right.to_json(shared)
     return Comparison(stream, divergence(left, right, fields or COMPARED), left, right)
 
 

@@ -38,15 +38,10 @@ def first_divergence(a: dict[str, Any], b: dict[str, Any]) -> Divergence | None:
         dd = DeepDiff(a.get("kv_cache"), b.get("kv_cache"), verbose_level=2)
         return Divergence(None, "kv_cache", a.get("kv_cache"), b.get("kv_cache"),
                           _describe(dd), ea, eb)
-    for i, (sa, sb) in enumerate(zip(a["steps"], b["steps"])):
-        if sa == sb:
-            continue
-        for name in STEP_FIELDS:
-            if sa.get(name) != sb.get(name):
-                dd = DeepDiff(sa.get(name), sb.get(name), verbose_level=2)
-                return Divergence(i, name, sa.get(name), sb.get(name), _describe(dd), ea, eb)
-        extra = sorted(set(sa) ^ set(sb))
-        return Divergence(i, ",".join(extra) or "?", None, None, "fields differ", ea, eb)
+    if a["steps"] != b["steps"]:  # (equal runs, the common case, are told apart at once)
+        d = first_divergent_step(a["steps"], b["steps"], ea, eb)
+        if d is not None:
+            return d
     na, nb = len(a["steps"]), len(b["steps"])
     if na != nb:
         step = min(na, nb)
@@ -56,6 +51,21 @@ def first_divergence(a: dict[str, Any], b: dict[str, Any]) -> Divergence | None:
     if (a["verdict"], _failure_step(a)) != (b["verdict"], _failure_step(b)):
         return Divergence(None, "verdict", [a["verdict"], a["failure"]],
                           [b["verdict"], b["failure"]], "the runs ended differently", ea, eb)
+    return None
+
+
+def first_divergent_step(steps_a: list[dict[str, Any]], steps_b: list[dict[str, Any]],
+                         ea: str, eb: str) -> Divergence | None:
+    """The first step (and field) where two runs' steps differ, over the steps both ran."""
+    for i, (sa, sb) in enumerate(zip(steps_a, steps_b)):
+        if sa == sb:
+            continue
+        for name in STEP_FIELDS:
+            if sa.get(name) != sb.get(name):
+                dd = DeepDiff(sa.get(name), sb.get(name), verbose_level=2)
+                return Divergence(i, name, sa.get(name), sb.get(name), _describe(dd), ea, eb)
+        extra = sorted(set(sa) ^ set(sb))
+        return Divergence(i, ",".join(extra) or "?", None, None, "fields differ", ea, eb)
     return None
 
 

@@ -18,10 +18,10 @@ from reference.scheduler import Scheduler
 from reference.slot_mapping import WorkerBlockTable
 from reference.structured_output import Grammar
 
-from harness.formats.steps import (NEW, RESUMED, RUNNING, ConnectorScript, Handed, HashNumbers,
-                                  Observed, RequestState, Scheduled, kv_cache_header,
-                                  counts_before, kv_event_records, stats_record,
-                                  to_scheduled)
+from harness.formats.steps import (NEW, RESUMED, RUNNING, ConnectorScript, HashNumbers,
+                                  Observed, RequestState, Scheduled, StepStates, kv_cache_header,
+                                  counts_before, kv_event_records, page_span, slot_runs,
+                                  stats_record, to_scheduled)
 from harness.formats.stream import RequestSpec, Stream, kv_cache_layout, largest_mm_item, lora_ids
 from reference.arith import cdiv
 
@@ -148,7 +148,7 @@ class ReferenceEngine:
         self._in_flight: deque = deque()  # scheduler outputs not yet updated, oldest first
         self.requests: dict[str, Request] = {}
         self.rows: dict[str, int] = {}
-        self.workers = [WorkerBlockTable(spec.block_size, worker_width(spec, stream.config))
+        self.workers = [WorkerTable(spec.block_size, worker_width(spec, stream.config))
                         for spec in self.config.groups]
         self.hash_numbers = HashNumbers()
 
@@ -199,10 +199,11 @@ class ReferenceEngine:
         self.recorder.clear()
         out = self.sched.schedule()
         self._in_flight.append(out)
-        handed = [Handed(d.req_id, NEW, d.block_ids, d.num_computed_tokens)
+        # Plain (req_id, kind, block_ids, num_computed_tokens) tuples: see Handed.
+        handed = [(d.req_id, NEW, d.block_ids, d.num_computed_tokens)
                   for d in out.scheduled_new_reqs]
-        handed += [Handed(d.req_id, RESUMED if d.resumed_from_preemption else RUNNING,
-                          d.new_block_ids, d.num_computed_tokens)
+        handed += [(d.req_id, RESUMED if d.resumed_from_preemption else RUNNING,
+                    d.new_block_ids, d.num_computed_tokens)
                    for d in out.scheduled_cached_reqs]
         reqs = self.requests
         scheduled = to_scheduled(
@@ -243,6 +244,18 @@ class ReferenceEngine:
         return RequestState(_STATUS_NAMES[r.status], r.num_computed_tokens, r.num_output_tokens,
                             r.num_output_placeholders)
 
+    def step_states(self, req_ids: list[str], placeholders: bool) -> StepStates:
+        """:meth:`state` of each request as the step record holds it (see
+        :func:`harness.formats.steps.step_states`)."""
+        reqs = self.requests
+        status, computed = {}, {}
+        for rid in req_ids:
+            r = reqs[rid]
+            status[rid] = _STATUS_NAMES[r.status]
+            computed[rid] = r.num_computed_tokens
+        return StepStates(status, computed, {rid: reqs[rid].num_output_placeholders
+                                             for rid in req_ids} if placeholders else None)
+
     def kv_cache_header(self) -> dict | None:
         layout = self.layout
         if layout is None:
@@ -271,3 +284,22 @@ class ReferenceEngine:
 
     def num_free_blocks(self) -> int:
         return self.sched.kv.pool.num_free_blocks()
+
+
+class WorkerTable(WorkerBlockTable):
+    """The reference's worker block table, read a page at a time for the trace's slot runs
+    (:func:`harness.formats.steps.slot_runs`) rather than a slot at a time.
+
+    (Last in the file: an engine failure's message names the line it was raised at, and
+    a trace keeps its bytes.)"""
+
+    def slot_runs(self, row: int, first_position: int, num_tokens: int) -> list[list[int]]:
+        size = self.block_size
+        offset = first_position % size
+        if 0 < num_tokens <= size - offset:  # one page (every decode step): one run
+            first_slot = self._row(row)[first_position // size] * size + offset
+            return [[first_slot, first_slot + num_tokens]]
+        if num_tokens <= 0:
+            return []
+        pages = self._row(row)[page_span(first_position, num_tokens, size)]
+        return slot_runs(pages, size, first_position, num_tokens)

@@ -80,11 +80,11 @@ from vllm.v1.structured_output.backend_types import StructuredOutputGrammar  # n
 
 from harness.engines import vllm_compat as compat  # noqa: E402
 from harness.engines import vllm_connector  # noqa: E402
-from harness.formats.steps import (NEW, RESUMED, RUNNING, ConnectorScript, Handed,  # noqa: E402
-                                  HashNumbers, Observed, RequestState, Scheduled,
-                                  counts_before, kv_cache_header, kv_event_records,
-                                  stats_record, to_scheduled)
+from harness.formats.steps import (NEW, RESUMED, RUNNING, ConnectorScript, HashNumbers,  # noqa: E402
+                                  Observed, RequestState, Scheduled, StepStates, counts_before,
+                                  kv_cache_header, kv_event_records, stats_record, to_scheduled)
 from harness.formats.paths import MODELS_DIR  # noqa: E402
+from harness.formats.trace import optional_fields  # noqa: E402
 from harness.formats.stream import Config, RequestSpec, Stream, largest_mm_item, lora_ids  # noqa: E402
 from reference.arith import cdiv  # noqa: E402
 
@@ -499,6 +499,32 @@ def mm_features(spec: RequestSpec) -> list[MultiModalFeatureSpec] | None:
         for m in spec.mm_inputs] or None
 
 
+class PagedWorkerTable(WorkerTable):
+    """The worker table the engine reads: the step record's slot runs a page at a time
+    (``vllm_compat.worker_slot_runs``) rather than a slot at a time.
+
+    (Apart from :class:`WorkerTable`, below ``build_vllm_config``: an engine failure's
+    message names the line it was raised at, and a trace keeps its bytes.)"""
+
+    def slot_runs(self, row: int, first_position: int, num_tokens: int) -> list[list[int]]:
+        return compat.worker_slot_runs(self.table, row, first_position, num_tokens,
+                                       self.verify)
+
+
+class _Unhooked:
+    """The set-aside hook of a stream whose steps do not record the requests passed over:
+    called for each ``schedule()`` as the hook is, a context that does nothing."""
+
+    def __call__(self) -> "_Unhooked":
+        return self
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
 def scheduler_stats(outputs) -> object | None:
     """The SchedulerStats among ``update_from_output``'s EngineCoreOutputs, if any."""
     return next((o.scheduler_stats for o in outputs.values()
@@ -563,7 +589,7 @@ class VllmEngine:
                                                       self.sched.vllm_config)
         self.requests: dict[str, Request] = {}
         self.rows: dict[str, int] = {}
-        self.workers = [WorkerTable(c, g.kv_cache_spec.block_size, len(stream.requests))
+        self.workers = [PagedWorkerTable(c, g.kv_cache_spec.block_size, len(stream.requests))
                         for g in self.sched.kv_cache_config.kv_cache_groups]
         self.lora_ids = lora_ids(stream)
         self.row_ids: dict[int, str] = {}
@@ -571,6 +597,7 @@ class VllmEngine:
         self.sched.structured_output_manager.backend = BitmaskBackend()
         self.hash_numbers = HashNumbers()
         self._in_flight: deque = deque()  # scheduler outputs not yet updated, oldest first
+        self._records_set_aside = "set_aside" in optional_fields(stream)
         self._install_hooks()
 
     def _build(self, stream: Stream) -> Scheduler:
@@ -609,8 +636,11 @@ class VllmEngine:
         kvm.get_computed_blocks = get_computed_blocks
         pool._maybe_evict_cached_block = maybe_evict
         self.sched.finish_requests = finish_in_arrival_order(self.sched)
+        # A step record holds the requests passed over only where the stream has a feature
+        # that passes requests over (optional_fields); elsewhere the hook would only cost.
         self._set_aside_queue = compat.set_aside_queue_hook(
-            lambda request: self._observed.set_aside.append(request.request_id), self.sched)
+            lambda request: self._observed.set_aside.append(request.request_id), self.sched
+        ) if self._records_set_aside else _Unhooked()
 
     # -- the engine interface ---------------------------------------------------
 
@@ -688,13 +718,14 @@ class VllmEngine:
         before = self._before
         new = out.scheduled_new_reqs
         resumed_new = compat.resumed_among_new(new, self.requests, self.sched)  # resumed there?
-        handed = [Handed(d.req_id, RESUMED if resumed_new[i] else NEW, d.block_ids,
-                         d.num_computed_tokens)
+        # Plain (req_id, kind, block_ids, num_computed_tokens) tuples: see Handed.
+        handed = [(d.req_id, RESUMED if resumed_new[i] else NEW, d.block_ids,
+                   d.num_computed_tokens)
                   for i, d in enumerate(new)]
         cached = out.scheduled_cached_reqs
         resumed = compat.resumed_flags(cached)
-        handed += [Handed(rid, RESUMED if resumed[i] else RUNNING, cached.new_block_ids[i],
-                          cached.num_computed_tokens[i])
+        handed += [(rid, RESUMED if resumed[i] else RUNNING, cached.new_block_ids[i],
+                    cached.num_computed_tokens[i])
                    for i, rid in enumerate(cached.req_ids)]
         reqs = self.requests
         grammar_index, bitmask = compat.grammar_output(self.sched, out)
@@ -711,7 +742,8 @@ class VllmEngine:
                finished_recving: list[str] = (), finished_sending: list[str] = ()) -> None:
         output = self.runner_output(scheduled, sampled, finished_recving, finished_sending)
         outputs = self.sched.update_from_output(self._in_flight.popleft(), output)
-        self._stats = scheduler_stats(outputs)
+        # (vLLM makes stats only with log_stats, and only then are they asked for.)
+        self._stats = scheduler_stats(outputs) if self.config.log_stats else None
 
     def runner_output(self, scheduled: Scheduled, sampled: dict[str, list[int]],
                       finished_recving: list[str] = (), finished_sending: list[str] = ()
@@ -765,6 +797,18 @@ class VllmEngine:
         r = self.requests[req_id]
         return RequestState(compat.status_name(r.status), r.num_computed_tokens,
                             r.num_output_tokens, r.num_output_placeholders)
+
+    def step_states(self, req_ids: list[str], placeholders: bool) -> StepStates:
+        """:meth:`state` of each request as the step record holds it (see
+        :func:`harness.formats.steps.step_states`)."""
+        reqs, name = self.requests, compat.status_name
+        status, computed = {}, {}
+        for rid in req_ids:
+            r = reqs[rid]
+            status[rid] = name(r.status)
+            computed[rid] = r.num_computed_tokens
+        return StepStates(status, computed, {rid: reqs[rid].num_output_placeholders
+                                             for rid in req_ids} if placeholders else None)
 
     def kv_cache_header(self) -> dict | None:
         if self.config.kv_cache_memory_bytes is None:

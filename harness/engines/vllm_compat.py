@@ -57,6 +57,7 @@ from typing import Any
 import numpy as np
 
 from harness.engines import vllm_env  # noqa: F401  (before vLLM is imported)
+from harness.formats.steps import page_span, slot_ranges, slot_runs
 from vllm.config import CacheConfig, SchedulerConfig
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -366,6 +367,26 @@ def worker_slots(table, row: int, first_position: int, num_tokens: int,
             raise AssertionError(f"slot mapping of row {row}: vLLM's compute_slot_mapping "
                                  f"gives {by_vllm}, the block-table rule {slots}")
     return slots
+
+
+def worker_slot_runs(table, row: int, first_position: int, num_tokens: int,
+                     verify: bool = False) -> list[list[int]]:
+    """:func:`worker_slots` as the trace writes them, [start, end) runs of consecutive
+    slots: the block-table rule a page at a time on the pages the tokens touch, or,
+    where vLLM's own computation is asked for (a kernel release, ``verify``), the runs of
+    :func:`worker_slots`."""
+    if SLOTS_BY_KERNEL or verify:
+        return slot_ranges(worker_slots(table, row, first_position, num_tokens, verify))
+    rows, size = table.block_table.np, table.block_size
+    offset = first_position % size
+    if 0 < num_tokens <= size - offset:  # one page (every decode step): one run
+        # (read as an int at once: a numpy slice costs five times more)
+        first_slot = rows.item(row, first_position // size) * size + offset
+        return [[first_slot, first_slot + num_tokens]]
+    if num_tokens <= 0:
+        return []
+    pages = rows[row, page_span(first_position, num_tokens, size)].tolist()
+    return slot_runs(pages, size, first_position, num_tokens)
 
 
 def verifies_slots() -> bool:

@@ -14,7 +14,7 @@ what its hooks saw (:class:`Observed`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Protocol
+from typing import Callable, Iterable, NamedTuple, Protocol
 
 from harness.formats.stream import RequestSpec, Stream
 
@@ -108,8 +108,9 @@ def translated(s: Scheduled) -> Translated:
 
 
 def nothing_scheduled() -> Scheduled:
-    """A step that schedules nothing (the engine idles)."""
-    return Translated([], {}, [], [], {}, {}, {}, {}, {})
+    """A step that schedules nothing (the engine idles).  (Every field given: a default
+    factory each costs more than the step's record.)"""
+    return Translated([], {}, [], [], {}, {}, {}, {}, {}, [], {}, [], {}, [], {}, [], {})
 
 
 @dataclass
@@ -120,6 +121,28 @@ class RequestState:
     num_computed_tokens: int
     num_output_tokens: int
     num_output_placeholders: int = 0  # async scheduling: tokens sampled, not yet applied
+
+
+class StepStates(NamedTuple):
+    """The live requests' states after a step, as a step record holds them: one dict per
+    field, by request id in the order asked."""
+
+    status: dict[str, str]
+    num_computed_tokens: dict[str, int]
+    num_output_placeholders: dict[str, int] | None  # None: not asked for
+
+
+def step_states(state: Callable[[str], RequestState], req_ids: Iterable[str],
+                placeholders: bool) -> StepStates:
+    """The :class:`StepStates` of ``req_ids`` read one by one with an engine's ``state``
+    (an engine may instead read them itself, without a RequestState each: its own
+    ``step_states(req_ids, placeholders)``); ``placeholders``: their output placeholders
+    too."""
+    states = {rid: state(rid) for rid in req_ids}
+    return StepStates({rid: st.status for rid, st in states.items()},
+                      {rid: st.num_computed_tokens for rid, st in states.items()},
+                      {rid: st.num_output_placeholders for rid, st in states.items()}
+                      if placeholders else None)
 
 
 class Engine(Protocol):
@@ -201,13 +224,14 @@ class Engine(Protocol):
 NEW, RESUMED, RUNNING = "new", "resumed", "running"
 
 
-@dataclass
-class Handed:
+class Handed(NamedTuple):
     """One request as a scheduler output hands it to the worker.
 
     ``block_ids`` has one list per KV cache group: the whole block table for
     a ``new`` or ``resumed`` request, only the new pages for a ``running``
-    one (None when it got none).
+    one (None when it got none).  A tuple, so that an engine may hand
+    :func:`to_scheduled` plain ``(req_id, kind, block_ids, num_computed_tokens)``
+    tuples: it makes one per request and step.
     """
 
     req_id: str
@@ -235,6 +259,10 @@ class WorkerTable(Protocol):
     def append_row(self, block_ids: list[int], row: int) -> None: ...
 
     def slots(self, row: int, first_position: int, num_tokens: int) -> list[int]: ...
+
+    # A table may also have ``slot_runs(row, first_position, num_tokens)``: the same slots
+    # as [start, end) runs, what :func:`slot_ranges` makes of them, worked out a page at a
+    # time (:func:`slot_runs`); the engines' own tables have it.
 
 
 def to_scheduled(handed: Iterable[Handed], num_scheduled_tokens: Iterable[tuple[str, int]],
@@ -311,14 +339,13 @@ def hand_to_workers(handed: Iterable[Handed], workers: list[WorkerTable],
     handed_counts: dict[str, int] = {}
     new_block_ids: dict[str, list[list[int]]] = {}
     admitted: list[str] = []
-    for h in handed:
-        rid = h.req_id
-        handed_counts[rid] = h.num_computed_tokens
-        groups = None if h.block_ids is None else [list(g) for g in h.block_ids]
+    for rid, kind, block_ids, num_computed_tokens in handed:
+        handed_counts[rid] = num_computed_tokens
+        groups = None if block_ids is None else list(map(list, block_ids))
         if groups is not None:
             new_block_ids[rid] = groups
         row = rows[rid]
-        if h.kind == RUNNING:
+        if kind == RUNNING:
             if groups is not None:
                 for worker, group in zip(workers, groups):
                     worker.append_row(group, row)
@@ -333,8 +360,50 @@ def written_slots(workers: list[WorkerTable], row: int, first_position: int,
                   num_tokens: int) -> list:
     """The slot runs of one request's new tokens: one list of runs, or one per group."""
     if len(workers) == 1:
-        return slot_ranges(workers[0].slots(row, first_position, num_tokens))
-    return [slot_ranges(w.slots(row, first_position, num_tokens)) for w in workers]
+        return table_slot_runs(workers[0], row, first_position, num_tokens)
+    return [table_slot_runs(w, row, first_position, num_tokens) for w in workers]
+
+
+def table_slot_runs(worker: WorkerTable, row: int, first_position: int,
+                    num_tokens: int) -> list[list[int]]:
+    """The slot runs of one worker table: its own ``slot_runs`` where it has one, else
+    :func:`slot_ranges` of its slots one by one."""
+    runs = getattr(worker, "slot_runs", None)
+    if runs is not None:
+        return runs(row, first_position, num_tokens)
+    return slot_ranges(worker.slots(row, first_position, num_tokens))
+
+
+def page_span(first_position: int, num_tokens: int, block_size: int) -> slice:
+    """The pages of a block-table row that ``num_tokens`` (> 0) positions from
+    ``first_position`` on fall in."""
+    return slice(first_position // block_size,
+                 (first_position + num_tokens - 1) // block_size + 1)
+
+
+def slot_runs(pages: list[int], block_size: int, first_position: int,
+              num_tokens: int) -> list[list[int]]:
+    """The block-table rule (slot = page * block_size + position % block_size) for
+    ``num_tokens`` positions from ``first_position`` on, as [start, end) runs of
+    consecutive slots: :func:`slot_ranges` of the slots one by one, worked out a page at
+    a time.  ``pages``: the row's :func:`page_span` of them, as ints; a span cut short
+    by the row's end raises IndexError, as reading a position past the row does."""
+    if num_tokens <= 0:
+        return []
+    end = first_position + num_tokens
+    if len(pages) <= (end - 1) // block_size - first_position // block_size:
+        raise IndexError(f"position {end - 1} is past the block table's row")
+    runs: list[list[int]] = []
+    position = first_position
+    for page in pages:
+        page_end = min(end, position - position % block_size + block_size)
+        first_slot = page * block_size + position % block_size
+        if runs and runs[-1][1] == first_slot:
+            runs[-1][1] = first_slot + page_end - position
+        else:
+            runs.append([first_slot, first_slot + page_end - position])
+        position = page_end
+    return runs
 
 
 def slot_ranges(slots: list[int]) -> list[list[int]]:

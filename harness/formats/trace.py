@@ -11,7 +11,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.formats.steps import RequestState, Scheduled, translated
+from harness.formats.steps import Scheduled, StepStates, translated
 from harness.formats.stream import Stream, canonical_json
 
 COMPLETED = "completed"
@@ -82,11 +82,13 @@ class Trace:
         self.verdict = verdict
         self.failure = {"step": step, "message": message}
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, stream_json: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The trace as JSON data; ``stream_json``: the stream's own, where the caller
+        has it already (the traces of one stream may share it)."""
         out = {
             "engine": self.engine,
             "vllm_version": self.vllm_version,
-            "stream": self.stream.to_json(),
+            "stream": self.stream.to_json() if stream_json is None else stream_json,
             "stream_sha256": self.stream.sha256(),
             "verdict": self.verdict,
             "failure": self.failure,
@@ -101,7 +103,7 @@ class Trace:
 
 
 def step_record(step: int, s: Scheduled, emitted: dict[str, list[int]],
-                states: dict[str, RequestState], free_blocks: int,
+                states: StepStates, free_blocks: int,
                 prefix_cache_reset: bool | None,
                 optional: frozenset[str] = frozenset(),
                 stats: dict[str, Any] | None = None,
@@ -114,8 +116,9 @@ def step_record(step: int, s: Scheduled, emitted: dict[str, list[int]],
     ``updated``: async scheduling, the step whose batch's output this step applied).
 
     The record holds the step's :class:`~harness.formats.steps.Translated` values
-    themselves (a Scheduled made by hand is copied first), and ``stats``, ``kv_events``
-    and ``kv_connector`` as given: each is made for this step alone."""
+    themselves (a Scheduled made by hand is copied first), the dicts of ``states``, and
+    ``stats``, ``kv_events`` and ``kv_connector`` as given: each is made for this step
+    alone."""
     s = translated(s)
     record = {
         "step": step,
@@ -126,9 +129,9 @@ def step_record(step: int, s: Scheduled, emitted: dict[str, list[int]],
         "finished": s.finished,
         "prefix_hit_tokens": s.prefix_hit_tokens,
         "spec_tokens": s.spec_tokens,
-        "emitted": {rid: list(t) for rid, t in emitted.items()},
-        "num_computed_tokens": {rid: st.num_computed_tokens for rid, st in states.items()},
-        "status": {rid: st.status for rid, st in states.items()},
+        "emitted": {rid: list(t) for rid, t in emitted.items()} if emitted else {},
+        "num_computed_tokens": states.num_computed_tokens,
+        "status": states.status,
         "free_blocks": free_blocks,
         "evicted": s.evicted,
         "slots": s.slots,
@@ -155,8 +158,7 @@ _FROM_STEP = {
     "bitmask_rows": lambda s, states: s.bitmask_rows,
     "encoder_inputs": lambda s, states: s.encoder_inputs,
     "encoder_frees": lambda s, states: s.encoder_frees,
-    "output_placeholders": lambda s, states: {rid: st.num_output_placeholders
-                                              for rid, st in states.items()},
+    "output_placeholders": lambda s, states: states.num_output_placeholders,
 }
 #: The optional fields in the order a step record holds them.
 _OPTIONAL_ORDER = tuple(f for f in STEP_FIELDS if f in OPTIONAL_STEP_FIELDS)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.formats import counterexamples, scripted_model
-from harness.formats.steps import Engine, TransferReports, nothing_scheduled
+from harness.formats.steps import Engine, TransferReports, nothing_scheduled, step_states
 from harness.formats.paths import write_atomic
 from harness.formats.stream import Stream, timeline
 from harness.formats.trace import ENGINE_FAILURE, Trace, optional_fields, step_record
@@ -42,7 +42,7 @@ class Limits:
 
     seconds: float = field(default_factory=lambda: float(os.environ.get("HARNESS_STREAM_SECONDS", 600)))
     rss_bytes: int = field(default_factory=lambda: int(os.environ.get("HARNESS_STREAM_RSS_BYTES", 16 << 30)))
-    rss_every: int = 64  # steps between two looks at the resident memory
+    rss_every: int = 64  # steps between two looks at the resident memory (none at step 0)
 
 
 class LimitExceeded(Exception):
@@ -118,7 +118,9 @@ def run(engine: Engine, stream: Stream, limits: Limits | None = None,
 def _check_limits(step: int, started: float, limits: Limits) -> None:
     if time.monotonic() - started > limits.seconds:
         raise LimitExceeded(f"wall-clock limit: {limits.seconds:g} s spent before step {step}")
-    if step % limits.rss_every == 0 and resident_bytes() > limits.rss_bytes:
+    # Not at step 0: a stream that runs away does so over many steps, and most streams
+    # are done in fewer than rss_every, so that look was most of what the limit cost.
+    if step % limits.rss_every == 0 and step and resident_bytes() > limits.rss_bytes:
         raise LimitExceeded(f"memory limit: more than {limits.rss_bytes >> 20} MiB resident "
                             f"before step {step}")
 
@@ -144,6 +146,7 @@ def _loop(engine: Engine, stream: Stream, trace: Trace, limits: Limits,
     # output is not applied yet, newest first.
     batch_queue = stream.config.batch_queue
     in_flight: deque[Batch] = deque()
+    read_states = states_reader(engine, "output_placeholders" in optional)
 
     step = 0
     while True:
@@ -184,8 +187,9 @@ def _loop(engine: Engine, stream: Stream, trace: Trace, limits: Limits,
             kv_connector = ({"calls": [], "finished_recving": [], "finished_sending": []}
                             if reports else None)
 
-        states = {req_id: engine.state(req_id) for req_id in live}
-        live = [req_id for req_id, st in states.items() if not st.status.startswith("FINISHED")]
+        states = read_states(live)
+        live = [req_id for req_id, status in states.status.items()
+                if not status.startswith("FINISHED")]
         trace.steps.append(step_record(step, scheduled, emitted, states,
                                        engine.num_free_blocks(), reset, optional,
                                        stats, kv_events, kv_connector, updated))
@@ -193,6 +197,20 @@ def _loop(engine: Engine, stream: Stream, trace: Trace, limits: Limits,
             raise _Unlike
         engine.end_step()
         step += 1
+
+
+def states_reader(engine: Engine, placeholders: bool):
+    """How the live requests' states are read after each step: by the engine's own
+    ``step_states`` where the class whose ``state`` it has made one too, else one
+    ``state`` call each (:func:`harness.formats.steps.step_states`; so a subclass that
+    changes ``state`` alone is read through it); ``placeholders``: with their output
+    placeholders."""
+    for cls in type(engine).__mro__:
+        if "state" in vars(cls):
+            if "step_states" in vars(cls):
+                return lambda req_ids: engine.step_states(req_ids, placeholders)
+            break
+    return lambda req_ids: step_states(engine.state, req_ids, placeholders)
 
 
 def _same_step(trace: Trace, like: Trace) -> bool:
