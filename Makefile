@@ -19,20 +19,26 @@ AUTHOR_STAMP := $(AUTHOR_ENV)/.installed
 SIM_NANO  := .venvs/sim-nano-vllm
 SIM_VIDUR := .venvs/sim-vidur
 
-.PHONY: install test test-fast test-engine-author certify conformance fuzz soak coverage mutants record bench fuzz-env newest-env dashboard bench-fuzzers upgrade-check gpu-check clean distclean
+.PHONY: install compile test test-fast test-engine-author certify conformance fuzz soak coverage mutants record bench fuzz-env newest-env dashboard bench-fuzzers upgrade-check gpu-check clean distclean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -qq --disable-pip-version-check -c constraints.txt -e '.[vllm]'
+	$(PY) -m pip install -qq --disable-pip-version-check -c constraints.txt -e '.[vllm,compiled]'
 	touch $(STAMP)
+
+# The compiled reference (harness/formats/compiled.py): reference/ built by mypyc into
+# build/reference-compiled/ (about 40 s on 2 cores), kept while reference/ is unchanged.
+# A process with HARNESS_REFERENCE=compiled runs it; fuzz and bench below do.
+compile: $(STAMP)
+	$(PY) -m harness.jobs.compile_reference
 
 # pytest-xdist: one worker per core (at most 8: each imports vLLM, ~2 GB); loadgroup keeps
 # a module's tests that share an expensive fixture (marked xdist_group) on one worker.
 TEST_WORKERS ?= auto
 
-test: $(STAMP) $(FUZZ_STAMP) $(NEWEST_STAMP)
+test: $(STAMP) $(FUZZ_STAMP) $(NEWEST_STAMP) compile
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 8 --dist loadgroup
 
 # The developer's inner loop (about a minute on 2 cores): unit tests, the bundled streams on
@@ -60,8 +66,8 @@ test-engine-author: $(AUTHOR_STAMP)
 conformance: $(STAMP)
 	$(PY) -m harness conformance
 
-fuzz: $(STAMP)
-	$(PY) -m harness fuzz --examples 2000
+fuzz: compile
+	HARNESS_REFERENCE=compiled $(PY) -m harness fuzz --examples 2000
 
 # Nightly: campaigns from seeds nobody has run.  Each property's campaign draws a fresh seed
 # and prints it first (CI's campaigns keep their fixed seeds); a divergence's shrunk stream is
@@ -93,8 +99,8 @@ $(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install -qq --disable-pip-version-check -c constraints.txt -e '.[vllm,bench]'
 	touch $(BENCH_STAMP)
 
-bench: $(BENCH_STAMP)
-	$(PY) -m harness bench
+bench: $(BENCH_STAMP) compile
+	HARNESS_REFERENCE=compiled $(PY) -m harness bench
 
 # HypoFuzz, hypothesis's coverage-guided fuzzer with a live dashboard, for fuzzing for hours
 # (docs/fuzzing.md).  Its last release reads a hypothesis internal that 6.158 removed, so it

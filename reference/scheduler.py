@@ -30,6 +30,7 @@ from reference.arith import cdiv
 from reference.config import Config
 from reference.encoder_cache import EncoderCacheManager, encoder_budgets
 from reference.encoder_inputs import free_encoder_inputs, try_schedule_encoder_inputs
+from reference.kv_cache_coordinator import PerGroup
 from reference.kv_cache_manager import KVCacheManager, block_ids
 from reference.kv_cache_spec import MAMBA
 from reference.kv_connector import KVConnector, last_token_computed_again, tokens_after_load
@@ -508,7 +509,9 @@ class Scheduler:
                 continue
             num_external, load_async = external
             num_computed += num_external
-            encode, encoder_budget, padding = [], plan.encoder_budget, 0
+            encode, encoder_budget = [], plan.encoder_budget
+            padding: int | None = 0
+            num_new: int | None
             if load_async:
                 num_new = 0  # pages for the loaded tokens only; nothing is computed now
             else:
@@ -773,7 +776,7 @@ class Scheduler:
         """At most ``max_num_seqs`` requests run at once."""
         return len(self.running) < self.config.max_num_seqs
 
-    def _lookup_prefix(self, request: Request) -> tuple[list, int, int]:
+    def _lookup_prefix(self, request: Request) -> tuple[PerGroup | list, int, int]:
         """(hit pages, hit tokens, tokens computed before the step) of a waiting request.
 
         Only a request with no computed tokens looks in the prefix cache: the

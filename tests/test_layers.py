@@ -21,8 +21,9 @@ FOLDERS = ("formats", "engines", "loop", "checks", "jobs", "cli")
 LAYERS: list[tuple[str, ...]] = [
     # formats: files and atomic writes, aligned tables, rule counters, the mutant record
     ("formats", "formats.paths", "formats.text", "formats.rule_counters", "formats.mutant"),
-    # the stream format: its JSON Schema, then its records and the rules across fields
-    ("formats.stream_schema",),
+    # the stream format: its JSON Schema, then its records and the rules across fields;
+    # which reference (interpreted or compiled) a process imports
+    ("formats.stream_schema", "formats.compiled"),
     ("formats.stream",),
     # the step records, kept streams, public request traces cut into streams
     ("formats.steps", "formats.counterexamples", "formats.public_traces", "formats.features"),
@@ -71,10 +72,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("checks.properties",),
     # jobs: a campaign cut into chunks; captures; the page of rule changes; an engine's
     # profile; HypoFuzz's command; rendered releases; the rule report; side environments;
-    # what streams ask of the KV cache
+    # what streams ask of the KV cache; the compiled reference's build
     ("jobs", "jobs.chunks", "jobs.capture", "jobs.changelog", "jobs.engine_profile",
      "jobs.hypofuzz_run", "jobs.render", "jobs.rule_report", "jobs.side_env",
-     "jobs.workload_report"),
+     "jobs.workload_report", "jobs.compile_reference"),
     # the suspect lines of an unexplained divergence (it runs the old release in its side
     # environment)
     ("jobs.suspects", "jobs.certify"),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 
+from harness.formats.compiled import require_interpreted
 from harness.formats.mutant import BLOCK_POOL, KV_CACHE_MANAGER, SCHEDULER, Mutant
 from reference.block_pool import BlockPool
 from reference.config import Config
@@ -43,6 +44,7 @@ def design(name: str, rule: str, mirrors: str, simulators: str, *replacements):
     """Register a design difference: ``replacements`` are ``(owner, attribute, new)``, where
     ``new`` may be a :class:`Wraps` of what the attribute holds when the patch begins."""
     def patch() -> contextlib.AbstractContextManager:
+        require_interpreted(f"the design {name}")
         stack = contextlib.ExitStack()
         from unittest import mock
         for owner, attr, new in replacements:

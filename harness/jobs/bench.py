@@ -166,6 +166,9 @@ def small_streams(n: int, seed: int = 0) -> list[Stream]:
 
 # -- timing ------------------------------------------------------------------------------
 
+SCHEDULER_CALLS = ("schedule", "update_from_output", "update_draft_token_ids")
+
+
 class _Timed:
     """Wraps an engine; adds up the time its scheduler spends in its own step calls.
 
@@ -173,8 +176,6 @@ class _Timed:
     ``update_draft_token_ids`` are timed: the adapters' work (turning outputs
     into trace records, the worker block table) is left out on both sides.
     """
-
-    SCHEDULER_CALLS = ("schedule", "update_from_output", "update_draft_token_ids")
 
     def __init__(self, engine):
         self._engine = engine
@@ -188,17 +189,38 @@ class _Timed:
         self._engine.start(stream)
         self.seconds["start"] += time.perf_counter() - started
         sched = self._engine.sched
-        for call in self.SCHEDULER_CALLS:
-            setattr(sched, call, self._timed(getattr(sched, call)))
+        try:  # on the scheduler itself, so that the calls of whatever holds it are timed
+            for call in SCHEDULER_CALLS:
+                setattr(sched, call, _timed(getattr(sched, call), self.seconds))
+        except AttributeError:  # the compiled reference's takes no attribute from outside
+            self._engine.sched = _TimedScheduler(sched, self.seconds)
 
-    def _timed(self, fn):
-        def timed(*args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.seconds["step"] += time.perf_counter() - started
-        return timed
+
+def _timed(fn, seconds: dict[str, float]):
+    def timed(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            seconds["step"] += time.perf_counter() - started
+    return timed
+
+
+class _TimedScheduler:
+    """A scheduler seen through a stand-in that times its step calls and hands everything
+    else on: how the compiled reference's scheduler is timed (its engine calls it only
+    through ``engine.sched``)."""
+
+    def __init__(self, sched, seconds: dict[str, float]):
+        object.__setattr__(self, "_sched", sched)
+        object.__setattr__(self, "_seconds", seconds)
+
+    def __getattr__(self, name):
+        found = getattr(self._sched, name)
+        return _timed(found, self._seconds) if name in SCHEDULER_CALLS else found
+
+    def __setattr__(self, name, value) -> None:
+        setattr(self._sched, name, value)
 
 
 def time_engine(engine, stream) -> tuple[float, float, int]:

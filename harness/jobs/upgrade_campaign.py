@@ -42,6 +42,7 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as fixed_seed
 
+from harness.formats.compiled import require_interpreted
 from harness.checks import profiles
 from harness.jobs.chunks import Chunk, chunks_of
 from harness.checks.diff import first_divergence, side_by_side
@@ -231,6 +232,8 @@ class AskedRules(frozenset):
     """
 
     def __new__(cls, rules):
+        # The compiled reference's membership test would not call __contains__ below.
+        require_interpreted("the upgrade check's note of the rules a run asks")
         noted = super().__new__(cls, rules)
         noted.asked = set()
         return noted

@@ -37,8 +37,8 @@ class KVCacheCoordinator:
             m.use_eagle = use_eagle
         # The managers whose window lets them give pages back as a request runs.
         self.windowed = tuple(m for m in self.managers if m.gives_pages_back)
-        # What a request that takes no page gets: no page in any group (never changed).
-        self.no_pages: PerGroup = tuple(() for _ in self.managers)
+        # What a request that takes no page gets: no page in any group (read, never changed).
+        self.no_pages: PerGroup = tuple([] for _ in self.managers)
         self.is_hybrid = enable_caching and len(specs) > 1
         if not enable_caching:
             self.lookup = self.no_hit

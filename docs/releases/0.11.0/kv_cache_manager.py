@@ -70,7 +70,7 @@ class KVCacheManager:
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        num_new_computed_tokens: int = 0,
-                       new_computed_blocks: PerGroup | None = None,
+                       new_computed_blocks: PerGroup | list | None = None,
                        num_lookahead_tokens: int = 0,
                        delay_caching: bool = False,
                        num_external_tokens: int = 0,

@@ -89,7 +89,7 @@ class KVCacheManager:
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        num_new_computed_tokens: int = 0,
-                       new_computed_blocks: PerGroup | None = None,
+                       new_computed_blocks: PerGroup | list | None = None,
                        num_lookahead_tokens: int = 0,
                        delay_caching: bool = False,
                        num_external_tokens: int = 0,
@@ -128,7 +128,7 @@ class KVCacheManager:
                                                        request.num_tokens))
         return new_blocks
 
-    def can_fit_whole_sequence(self, request: Request, hits: PerGroup | None,
+    def can_fit_whole_sequence(self, request: Request, hits: PerGroup | list | None,
                                num_computed_tokens: int = 0) -> bool:
         """Whether the free pages would hold every token of the request (capped at
         ``max_model_len``) beyond its prefix hit, counted as ``allocate_slots`` counts

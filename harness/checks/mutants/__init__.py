@@ -11,6 +11,10 @@ against each.
 
 from __future__ import annotations
 
+from harness.formats.compiled import require_interpreted
+
+require_interpreted("a mutant")  # before the modules below take the reference's functions
+
 # Imported in this order, the modules register their mutants in the catalogue's order.
 from harness.checks.mutants import kv_cache, scheduler, kv_sizing, equivalent  # noqa: F401,I001
 from harness.checks.mutants import inputs, reports, engine_loop, releases  # noqa: F401,I001
