@@ -20,8 +20,8 @@ from reference.structured_output import Grammar
 
 from harness.formats.steps import (NEW, RESUMED, RUNNING, ConnectorScript, HashNumbers,
                                   Observed, RequestState, Scheduled, StepStates, kv_cache_header,
-                                  counts_before, kv_event_records, page_span, slot_runs,
-                                  stats_record, to_scheduled)
+                                  counts_before, kv_event_records, stats_record,
+                                  to_scheduled)
 from harness.formats.stream import RequestSpec, Stream, kv_cache_layout, largest_mm_item, lora_ids
 from reference.arith import cdiv
 
@@ -288,18 +288,24 @@ class ReferenceEngine:
 
 class WorkerTable(WorkerBlockTable):
     """The reference's worker block table, read a page at a time for the trace's slot runs
-    (:func:`harness.formats.steps.slot_runs`) rather than a slot at a time.
+    (what :func:`harness.formats.steps.slot_ranges` makes of :meth:`slots`): each page's
+    run starts at the reference's own ``slot_of`` (the block-table rule, which its mutant
+    replaces) and goes on one slot per position to the page's end.
 
     (Last in the file: an engine failure's message names the line it was raised at, and
     a trace keeps its bytes.)"""
 
     def slot_runs(self, row: int, first_position: int, num_tokens: int) -> list[list[int]]:
-        size = self.block_size
-        offset = first_position % size
-        if 0 < num_tokens <= size - offset:  # one page (every decode step): one run
-            first_slot = self._row(row)[first_position // size] * size + offset
-            return [[first_slot, first_slot + num_tokens]]
-        if num_tokens <= 0:
-            return []
-        pages = self._row(row)[page_span(first_position, num_tokens, size)]
-        return slot_runs(pages, size, first_position, num_tokens)
+        table, size = self._row(row), self.block_size
+        end = first_position + num_tokens
+        runs: list[list[int]] = []
+        position = first_position
+        while position < end:
+            page_end = min(end, position - position % size + size)
+            first = self.slot_of(table, position)
+            if runs and runs[-1][1] == first:
+                runs[-1][1] = first + page_end - position
+            else:
+                runs.append([first, first + page_end - position])
+            position = page_end
+        return runs

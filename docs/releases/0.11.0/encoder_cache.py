@@ -160,9 +160,12 @@ class EncoderCacheManager:
         """Evict the oldest freeable entries until ``needed`` slots are free.
 
         ``num_freeable_slots`` does not change: the room only moves from a
-        freeable entry to the free slots.
+        freeable entry to the free slots.  With nothing left to evict it raises
+        ``KeyError``, as vLLM's does (quirks.ENCODER_DECODER_FREEABLE_COUNTED_TWICE).
         """
         while self.num_free_slots < needed:
+            if not self.freeable:
+                raise KeyError("dictionary is empty")
             mm_hash = next(iter(self.freeable))
             self.num_free_slots += self.freeable.pop(mm_hash)
             del self.holders[mm_hash]

@@ -122,4 +122,17 @@ STALE_WORKER_ROWS
     Code: slot_mapping.WorkerBlockTable.  No stream can show it in the harness
     (one row per request, rewritten whole on admission; see the equivalent
     mutant worker_rows_cleared); it is kept so the worker reads as vLLM's does.
+
+ENCODER_DECODER_FREEABLE_COUNTED_TWICE
+    An encoder-decoder model's scheduler schedules a request's encoder inputs
+    without looking them up in the encoder cache first.  So an item whose output
+    sits in the cache, freeable, is allocated again: its room is taken a second
+    time while the entry stays among the freeable ones, and once the request lets
+    go of it ``num_freeable_slots`` counts it twice.  An eviction that relies on
+    that count runs out of freeable entries and vLLM raises ``KeyError``
+    ("dictionary is empty"); the reference raises the same at the same call.  Only
+    the encoder cache's own property reaches it (tests/test_encoder_cache_conformance.py,
+    found by an unseen seed): the reference's scheduler has no encoder-decoder path.
+    Later releases give encoder-decoder models a cache of their own.
+    Code: encoder_cache.EncoderCacheManager.evict_until.
 """
