@@ -20,7 +20,7 @@ from reference.structured_output import Grammar
 
 from harness.formats.steps import (NEW, RESUMED, RUNNING, ConnectorScript, HashNumbers,
                                   Observed, RequestState, Scheduled, StepStates, kv_cache_header,
-                                  counts_before, kv_event_records, stats_record,
+                                  counts_before, kv_event_records, page_runs, stats_record,
                                   to_scheduled)
 from harness.formats.stream import RequestSpec, Stream, kv_cache_layout, largest_mm_item, lora_ids
 from reference.arith import cdiv
@@ -296,16 +296,6 @@ class WorkerTable(WorkerBlockTable):
     a trace keeps its bytes.)"""
 
     def slot_runs(self, row: int, first_position: int, num_tokens: int) -> list[list[int]]:
-        table, size = self._row(row), self.block_size
-        end = first_position + num_tokens
-        runs: list[list[int]] = []
-        position = first_position
-        while position < end:
-            page_end = min(end, position - position % size + size)
-            first = self.slot_of(table, position)
-            if runs and runs[-1][1] == first:
-                runs[-1][1] = first + page_end - position
-            else:
-                runs.append([first, first + page_end - position])
-            position = page_end
-        return runs
+        table = self._row(row)
+        return page_runs(lambda p: self.slot_of(table, p), self.block_size, first_position,
+                         num_tokens)

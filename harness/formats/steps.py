@@ -391,17 +391,28 @@ def slot_runs(pages: list[int], block_size: int, first_position: int,
     if num_tokens <= 0:
         return []
     end = first_position + num_tokens
-    if len(pages) <= (end - 1) // block_size - first_position // block_size:
+    first_page = first_position // block_size
+    if len(pages) <= (end - 1) // block_size - first_page:
         raise IndexError(f"position {end - 1} is past the block table's row")
+    return page_runs(lambda p: pages[p // block_size - first_page] * block_size
+                     + p % block_size, block_size, first_position, num_tokens)
+
+
+def page_runs(first_slot_of: Callable[[int], int], block_size: int, first_position: int,
+              num_tokens: int) -> list[list[int]]:
+    """The slots of ``num_tokens`` positions from ``first_position`` on as [start, end)
+    runs: each page's run starts at ``first_slot_of`` its first position and takes one
+    slot per position to the page's end; runs that touch are one."""
+    end = first_position + num_tokens
     runs: list[list[int]] = []
     position = first_position
-    for page in pages:
+    while position < end:
         page_end = min(end, position - position % block_size + block_size)
-        first_slot = page * block_size + position % block_size
-        if runs and runs[-1][1] == first_slot:
-            runs[-1][1] = first_slot + page_end - position
+        first = first_slot_of(position)
+        if runs and runs[-1][1] == first:
+            runs[-1][1] = first + page_end - position
         else:
-            runs.append([first_slot, first_slot + page_end - position])
+            runs.append([first, first + page_end - position])
         position = page_end
     return runs
 
