@@ -48,12 +48,12 @@ LAYERS: list[tuple[str, ...]] = [
     # loop: one stream through engines, step by step
     ("loop", "loop.runner"),
     # checks: the diff, KV sizing, the seed table, hypothesis profiles, where rules are
-    # decided, the mutants' registry and the streams they apply to, the strategies' draws
+    # decided, the mutants' registry and the streams they apply to
     ("checks", "checks.diff", "checks.kv_sizing", "checks.seed_table", "checks.profiles",
-     "checks.rule_watch", "checks.mutants.registry", "checks.mutants.applies",
-     "checks.strategies.draws"),
-    # fidelity levels: what of two traces is compared; simulators' design differences
-    ("checks.levels", "checks.designs"),
+     "checks.rule_watch", "checks.mutants.registry", "checks.mutants.applies"),
+    # fidelity levels: what of two traces is compared; simulators' design differences;
+    # the strategies' draws (with the profiles' pin of hypothesis's local constants)
+    ("checks.levels", "checks.designs", "checks.strategies.draws"),
     # comparing engines on one stream; recorded traces; the mutants by part of vLLM;
     # configs
     ("checks.conformance", "checks.golden", "checks.mutants.kv_cache",

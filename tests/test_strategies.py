@@ -443,3 +443,40 @@ def test_later_release_rules_are_decided(strategy, rule, fewest):
 
     check()
     assert len(decided) == 200 and sum(decided) >= fewest, f"{sum(decided)} of {len(decided)}"
+
+
+#: Draws streams of the whole space from seed 0 with hypothesis's own settings (not the
+#: project's profiles), as a user's own ``@given`` over the strategies does; prints their
+#: digest.  argv[1]: a folder whose module ``local_literals`` is imported first, or "".
+_DRAW_WITH_OWN_SETTINGS = """
+import hashlib, sys
+if sys.argv[1]:
+    sys.path.insert(0, sys.argv[1])
+    import local_literals  # noqa: F401  (a user's module, literals and all)
+from hypothesis import HealthCheck, Phase, given, seed, settings
+from harness.checks.strategies import any_stream
+drawn = []
+@seed(0)
+@settings(max_examples=40, database=None, deadline=None, phases=[Phase.generate],
+          suppress_health_check=list(HealthCheck))
+@given(any_stream())
+def draw(data):
+    drawn.append(repr(data))
+draw()
+print(hashlib.sha256("".join(drawn).encode()).hexdigest())
+"""
+
+
+def test_a_seed_draws_the_same_streams_whatever_local_code_is_loaded(tmp_path):
+    """Hypothesis now and then draws a literal found in any "local" module loaded (one
+    outside site-packages).  The strategies keep that pool empty wherever they are used,
+    so a user's own code (a simulator, a test helper) cannot change which streams a seed
+    draws; without that, this module's literals change the digest."""
+    import subprocess
+    import sys
+    (tmp_path / "local_literals.py").write_text(
+        "def sizes():\n    return [" + ", ".join(str(n) for n in range(3, 400, 7)) + "]\n")
+    digests = [subprocess.run([sys.executable, "-c", _DRAW_WITH_OWN_SETTINGS, folder],
+                              capture_output=True, text=True, check=True).stdout.strip()
+               for folder in ("", str(tmp_path))]
+    assert digests[0] and digests[0] == digests[1]

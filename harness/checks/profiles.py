@@ -67,7 +67,9 @@ def pin_local_constants() -> None:
     modules loaded so far -- every module not in site-packages or a test file.  Which of
     the harness's modules are loaded differs between ``pytest`` and the CLI, between
     pytest-xdist workers, between a forked worker and a Ray task, and between an
-    editable and a wheel install, so the same seed would draw different streams.  This
+    editable and a wheel install, and a user's own code (a simulator, a test helper)
+    would add its literals, so the same seed would draw different streams.  The
+    strategies call this when imported (``harness.checks.strategies.draws``).  This
     empties that pool (hypothesis has no setting for it; the hook is internal, so an
     older or newer hypothesis without it is left as it is).  The strategies place the
     edges that matter (page boundaries, budgets) themselves.

@@ -28,6 +28,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import os
+import sys
 from pathlib import Path
 
 ENGINE_NAMES = ("vllm", "vllm-core", "reference")
@@ -93,12 +95,22 @@ def _freeze_what_imports_made() -> None:
 
 
 def installed_vllm_version() -> str | None:
-    """The vLLM release on the import path, read from its metadata (vLLM is not imported)."""
-    import importlib.util
+    """The vLLM release on the import path, read from its metadata (vLLM is not imported);
+    once it is imported, the one imported (asked on every check)."""
+    if "vllm" in sys.modules:
+        return _imported_vllm_version()
     spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.origin:
         return None
-    return _vllm_version_in(str(Path(spec.origin).parent.parent))
+    return _vllm_version_in(os.path.dirname(os.path.dirname(spec.origin)))
+
+
+@functools.lru_cache(maxsize=1)
+def _imported_vllm_version() -> str | None:
+    """The imported vLLM's release: a process imports vLLM once, so it is read once
+    (looking it up again took 5 µs a check)."""
+    origin = getattr(sys.modules["vllm"], "__file__", None)
+    return None if origin is None else _vllm_version_in(os.path.dirname(os.path.dirname(origin)))
 
 
 @functools.lru_cache(maxsize=None)

@@ -12,8 +12,13 @@ import hypothesis
 from hypothesis import strategies as _hypothesis_strategies
 from hypothesis.strategies import SearchStrategy
 
+from harness.checks.profiles import pin_local_constants
 from harness.formats.scripted_model import accepted_prefix
 from harness.formats.stream import Config, StreamError, parse_drawn_stream
+
+# Wherever the strategies draw (the harness's profiles, the benchmark, a user's own
+# @given), a seed draws the same streams whatever other code the process has loaded.
+pin_local_constants()
 
 try:
     from hypothesis.errors import FlakyStrategyDefinition
