@@ -132,6 +132,29 @@ def test_campaign_figures_from_the_campaign_contract(capsys):
     assert "650, 640 MB" in six.detail
 
 
+def test_campaign_figures_read_the_run_of_median_wall_time():
+    """Three runs of each, taking turns: each figure reads its median run (its rate, its
+    share and its workers' memory), and the detail names every run."""
+    one_runs = iter([_campaign(70.0, 56.0, 400, [1.0]), _campaign(50.0, 40.0, 400, [1.0]),
+                     _campaign(60.0, 54.0, 400, [1.0])])
+    many_runs = iter([_campaign(20.0, 40.0, 400, [610.0, 620.0]),
+                      _campaign(48.0, 70.0, 400, [700.0, 710.0]),
+                      _campaign(40.0, 70.0, 400, [650.0, 640.0])])
+    calls = []
+
+    def run_campaign(examples, seed, profile, engines=("vllm",), workers=1):
+        calls.append(workers)
+        return next(one_runs if workers == 1 else many_runs)
+
+    results = bench.Results()
+    peaks = bench.campaign_figures(results, 400, "ci", run_campaign, 2, lambda: None, 3)
+    assert calls == [1, 2, 1, 2, 1, 2]
+    three, four = results.figures
+    assert three.value == "10%" and "median of 3 runs (70.0, 50.0, 60.0 s)" in three.detail
+    assert four.value == "600" and "median of 3 runs (20.0, 48.0, 40.0 s)" in four.detail
+    assert peaks == [650.0, 640.0]
+
+
 def test_memory_figure_without_workers_says_so():
     six = bench.memory_figure([])
     assert six.verdict == "not measured" and "no worker reported" in six.detail
