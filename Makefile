@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 # The compiled reference (harness/formats/compiled.py): reference/ built by mypyc into
 # build/reference-compiled/ (about 40 s on 2 cores), kept while reference/ is unchanged.
-# A process with HARNESS_REFERENCE=compiled runs it; fuzz and bench below do.
+# A process with HARNESS_REFERENCE=compiled runs it; fuzz, bench and upgrade-check below do.
 compile: $(STAMP)
 	$(PY) -m harness.jobs.compile_reference
 
@@ -148,7 +148,8 @@ FROM ?= 0.11.0
 ARGS ?=
 upgrade-check: $(STAMP)
 	@test -n "$(VLLM)" || { echo "error: VLLM: say which release, e.g. make upgrade-check VLLM=0.19.0 or VLLM=latest" >&2; exit 2; }
-	$(PY) -m harness upgrade-check $(VLLM) --from $(FROM) $(ARGS)
+	$(PY) -m harness.jobs.compile_reference
+	HARNESS_REFERENCE=compiled $(PY) -m harness upgrade-check $(VLLM) --from $(FROM) $(ARGS)
 
 # Real simulators held to vLLM 0.11.0 (docs/simulators.md): nano-vllm and Vidur's two
 # schedulers, as they are and with the one patch that gets each past its crash, then the

@@ -32,10 +32,14 @@ from harness.loop.runner import run
 assert compiled.in_use(), "the compiled reference was not imported"
 import reference.scheduler
 assert reference.scheduler.__file__.endswith(".so"), reference.scheduler.__file__
+from harness.jobs.upgrade_campaign import Checker
 streams, releases = json.load(sys.stdin)
-print(json.dumps({f"{release} {i}": hashlib.sha256(run(get_engine("reference", release),
-                  parse_stream(s)).dumps().encode()).hexdigest()
-                  for release in releases for i, s in enumerate(streams)}))
+digests = {f"{release} {i}": hashlib.sha256(run(get_engine("reference", release),
+           parse_stream(s)).dumps().encode()).hexdigest()
+           for release in releases for i, s in enumerate(streams)}
+newest = get_engine("reference", releases[-1])
+asked = [sorted(Checker.asking(newest, parse_stream(s))[1]) for s in streams]
+print(json.dumps([digests, asked]))
 """
 
 
@@ -54,7 +58,10 @@ def _digests(streams, releases) -> dict[str, str]:
 @pytest.mark.slow
 @pytest.mark.skipif(not compiled.build_is_current(),
                     reason="no build of the reference as it is now (make compile builds it)")
-def test_compiled_reference_gives_the_same_traces():
+def test_compiled_reference_gives_the_same_traces_and_asks_the_same_rules():
+    """... and the upgrade check's note of the rule changes each run asks about
+    (``AskedRules``) hears the same asks from it, under the newest release's rules."""
+    from harness.jobs.upgrade_campaign import Checker
     streams = _streams()
     assert not compiled.in_use()  # this process runs the interpreted reference
     env = {**os.environ, compiled.VARIABLE: compiled.COMPILED}
@@ -63,11 +70,15 @@ def test_compiled_reference_gives_the_same_traces():
                           input=json.dumps([[s.to_json() for s in streams],
                                             list(RELEASES_HELD)]))
     assert done.returncode == 0, done.stderr[-3000:]
-    theirs = json.loads(done.stdout)
+    theirs, their_asks = json.loads(done.stdout)
     ours = _digests(streams, RELEASES_HELD)
     assert len(ours) == len(streams) * len(RELEASES_HELD)
     differing = sorted(k for k in ours if theirs.get(k) != ours[k])
     assert not differing, f"{len(differing)} trace(s) differ, e.g. {differing[:5]}"
+    newest = get_engine("reference", RELEASES_HELD[-1])
+    our_asks = [sorted(Checker.asking(newest, s)[1]) for s in streams]
+    assert sum(map(len, our_asks)) > len(streams)  # the runs ask about rule changes
+    assert their_asks == our_asks
 
 
 def _python(env_value: str, code: str = "import harness") -> subprocess.CompletedProcess:
