@@ -7,6 +7,7 @@ tests check that the benchmark measures what it says it does.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +47,9 @@ def test_quick_run_writes_the_report_with_every_figure(tmp_path):
     section = report.split(bench.BEGIN)[1].split(bench.END)[0]
     assert "Command: `python -m harness bench --quick --output" in section
     assert "Machine: " in section and "Python " in section and "vLLM " in section
+    # the machine's speed, by the same fixed loop, when the run began and ended
+    assert re.search(r"a fixed Python loop \d+\.\d ms at the start, \d+\.\d ms at the end",
+                     section), section[:600]
     for key in FIGURES:
         assert f"\n| {key} | " in section
     # The prose of docs/performance.md comes along, outside the markers.

@@ -565,6 +565,30 @@ def machine_line() -> str:
             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC{load}")
 
 
+def _yardstick_work() -> int:
+    """A fixed piece of plain Python (small dicts and lists, calls), the kind of work both
+    engines and the harness do, that no change to the project alters."""
+    def entry(i: int) -> list[int]:
+        return [i, i + 1, i % 7]
+    total = 0
+    for round_ in range(200):
+        table = {f"r{i}": entry(i + round_) for i in range(500)}
+        total += sum(v[2] for v in table.values() if v[0] % 3)
+    return total
+
+
+def machine_speed_ms(repeats: int = 5) -> float:
+    """Milliseconds of :func:`_yardstick_work`, the best of ``repeats``: the machine's speed
+    at the moment, so that runs at different times (or on a shared machine that slowed
+    down) can be told apart by more than their figures."""
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        _yardstick_work()
+        best = min(best, time.perf_counter() - started)
+    return 1000 * best
+
+
 def report_section(results: Results, command: str, machine: str, seconds: float,
                    plot: str | None, plot_note: str) -> str:
     rows = [f"| {f.key} | {f.what} | {f.value} | {f.target} | {f.verdict} |"
@@ -645,7 +669,7 @@ def main(quick: bool = False, output: Path | None = None, num_blocks: int | None
     num_requests = num_requests or sizes.requests
     output = Path(output) if output is not None else DOCS_DIR
     started = time.monotonic()
-    machine = machine_line()
+    machine = f"{machine_line()}, a fixed Python loop {machine_speed_ms():.1f} ms"
     print(f"machine: {machine}", flush=True)
     # Both engines (and vLLM's import) before any clock starts; what they made is kept out
     # of every later collection.
@@ -684,6 +708,7 @@ def _measure(sizes: Sizes, output: Path, num_blocks: int, num_requests: int, com
     scaling(sizes, results)
     results.add(memory_figure(peaks))
 
+    machine += f" at the start, {machine_speed_ms():.1f} ms at the end"
     plot_note = write_plot(results, output / PLOT)
     if plot_note:
         print(f"no plot: {plot_note}", flush=True)
