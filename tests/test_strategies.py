@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import pytest
 import hypothesis
-from hypothesis import Phase, find, given, settings
+from hypothesis import Phase, find, given, seed, settings
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
@@ -271,6 +271,7 @@ def test_prefix_streams_share_first_pages_often():
     """Prefix streams are built from shared prefixes: many share a whole first page."""
     shared: list[bool] = []
 
+    @seed(0)  # see test_request_ids_are_independent_of_arrival_order
     @settings(VALIDITY, max_examples=100)
     @given(data=S.prefix_cache_streams())
     def collect(data):
@@ -289,6 +290,10 @@ def test_request_ids_are_independent_of_arrival_order():
     order and the arrival order disagree in most streams of several requests."""
     disagree: list[bool] = []
 
+    # A fixed seed: a share of 100 examples (many of them mutations of one another)
+    # varies between seeds by more than the margin -- 90% on average, but 73% on 3 of 30
+    # seeds -- so an unseeded run (the dev profile) failed now and then.
+    @seed(0)
     @settings(VALIDITY, max_examples=100)
     @given(data=S.any_stream())
     def collect(data):
