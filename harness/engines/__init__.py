@@ -100,17 +100,19 @@ def installed_vllm_version() -> str | None:
     if "vllm" in sys.modules:
         return _imported_vllm_version()
     spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.origin:
-        return None
-    return _vllm_version_in(os.path.dirname(os.path.dirname(spec.origin)))
+    return _version_beside(spec.origin if spec is not None else None)
 
 
 @functools.lru_cache(maxsize=1)
 def _imported_vllm_version() -> str | None:
     """The imported vLLM's release: a process imports vLLM once, so it is read once
     (looking it up again took 5 µs a check)."""
-    origin = getattr(sys.modules["vllm"], "__file__", None)
-    return None if origin is None else _vllm_version_in(os.path.dirname(os.path.dirname(origin)))
+    return _version_beside(getattr(sys.modules["vllm"], "__file__", None))
+
+
+def _version_beside(origin: str | None) -> str | None:
+    """The release of the vLLM whose ``__init__.py`` is ``origin`` (None: not found)."""
+    return _vllm_version_in(os.path.dirname(os.path.dirname(origin))) if origin else None
 
 
 @functools.lru_cache(maxsize=None)

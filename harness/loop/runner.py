@@ -117,9 +117,7 @@ def raise_site(exc: BaseException) -> str:
     """``file.py:line`` of the line that raised ``exc`` (its traceback's innermost frame),
     read off the traceback (``traceback.extract_tb`` also reads every frame's source
     line: 3% of the benchmark's checks)."""
-    tb = exc.__traceback__
-    if tb is None:
-        return "?:0"
+    tb = exc.__traceback__  # a caught exception always has one
     while tb.tb_next is not None:
         tb = tb.tb_next
     return f"{tb.tb_frame.f_code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno}"
